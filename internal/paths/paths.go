@@ -1,0 +1,87 @@
+// Package paths is the single source of truth for where nixcage keeps things
+// on a host and how its systemd units are named. The renderer, the gateway's
+// prepare step, caged and the tests all derive locations from here, so a path
+// can never disagree between the unit that creates it and the one that reads it.
+package paths
+
+import "path/filepath"
+
+// Default locations. Prefix is where rendered configuration lives ("/etc" for
+// units installed by an operator or NixOS, "/run" for units caged renders).
+const (
+	DefaultPrefix    = "/etc"
+	DefaultStoreRoot = "/var/lib/nixcage/store"
+	WorkspaceRoot    = "/var/lib/nixcage/agents"
+	EgressStateRoot  = "/var/lib/nixcage/egress"
+	RuntimeRoot      = "/run/nixcage"
+	EvidenceRoot     = "/var/lib/nixcage/evidence"
+	QuarantineRoot   = "/var/lib/nixcage/quarantine"
+
+	// Inside a cage.
+	CageCACert     = "/etc/nixcage/ca.crt"
+	CageProxyAddr  = "127.0.0.1:3128"
+	CageDNSAddr    = "127.0.0.1:53"
+	CageStoreMount = "/nix/store"
+	CageTools      = "/nix/tools"
+	CageWorkspace  = "/workspace"
+
+	// Bus.
+	BusName   = "org.nixcage.cage1"
+	BusPath   = "/org/nixcage/cage1"
+	BusIface  = "org.nixcage.cage1.Manager"
+	AgentPath = "/org/nixcage/cage1/agent"
+)
+
+// Unit names. Templates are instantiated with the agent name.
+const (
+	CagedUnit      = "nixcage-caged.service"
+	TargetUnit     = "nixcage.target"
+	NetnsTemplate  = "nixcage-netns@.service"
+	PrepTemplate   = "nixcage-prep@.service"
+	ProxySocketTpl = "cage-egress@.socket"
+	DNSSocketTpl   = "cage-egress-dns@.socket"
+	EgressTemplate = "cage-egress@.service"
+	AgentTemplate  = "nixcage-agent@.service"
+)
+
+// Instance turns "name@.suffix" into "name@agent.suffix".
+func Instance(template, agent string) string {
+	for i := 0; i < len(template); i++ {
+		if template[i] == '@' {
+			return template[:i+1] + agent + template[i+1:]
+		}
+	}
+	return template
+}
+
+// NetnsName is the name of the agent's network namespace under /run/netns.
+func NetnsName(agent string) string { return "nixcage-" + agent }
+
+// NetnsPath is the bind-mounted namespace file units join.
+func NetnsPath(agent string) string { return "/run/netns/" + NetnsName(agent) }
+
+// ConfigDir holds the rendered per-agent runtime configuration.
+func ConfigDir(prefix, agent string) string {
+	return filepath.Join(prefix, "nixcage", "agents", agent)
+}
+
+// EgressConfig is the document cage-egress reads for one agent.
+func EgressConfig(prefix, agent string) string {
+	return filepath.Join(ConfigDir(prefix, agent), "egress.json")
+}
+
+// EgressState holds the cage CA (key 0600 root, cert 0644), created by the
+// prepare step so the agent can trust it from its first request.
+func EgressState(agent string) string { return filepath.Join(EgressStateRoot, agent) }
+
+// Runtime holds per-boot files for one agent: placeholders, env, resolv.conf.
+func Runtime(agent string) string { return filepath.Join(RuntimeRoot, agent) }
+
+// DefaultWorkspace is an agent's workspace when the config names none.
+func DefaultWorkspace(agent string) string { return filepath.Join(WorkspaceRoot, agent) }
+
+// AuditDir is where the gateway writes its JSONL audit (LogsDirectory=).
+func AuditDir(agent string) string { return filepath.Join("/var/log/nixcage-egress", agent) }
+
+// AuditLogsDirectory is the LogsDirectory= value of cage-egress@agent.
+func AuditLogsDirectory(agent string) string { return "nixcage-egress/" + agent }
