@@ -143,3 +143,37 @@ func uidOf(t *testing.T, id string) int {
 	n, _ := strconv.Atoi(m[1])
 	return n
 }
+
+// TestFakeInternet checks the machine's fake internet the way the gateway
+// will use it: the system resolver finds the zone, the system trust store
+// accepts the upstream certificate, and the upstream logs what it got.
+func TestFakeInternet(t *testing.T) {
+	m := systest.BootT(t)
+	in := systest.StartInternetT(t, m)
+	if got := strings.Fields(m.MustRun(t, "getent", "ahostsv4", "evil.example.org")); len(got) == 0 || got[0] != "203.0.113.20" {
+		t.Fatalf("evil.example.org resolves to %v, want 203.0.113.20", got)
+	}
+	body := m.MustRun(t, "curl", "-sS", "--fail", "-H", "X-Systest: 1", "https://api.example.com/hello?x=1")
+	if !strings.Contains(body, `"host":"api.example.com"`) {
+		t.Fatalf("echo body = %s", body)
+	}
+	if out, err := m.Run(t.Context(), "curl", "-sS", "--fail", "https://nonexistent.example.com/"); err == nil {
+		t.Fatalf("a name outside the zone resolved: %s", out)
+	}
+	rs, err := in.Requests()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen bool
+	for _, r := range rs {
+		if r.Kind == "https" && r.Path == "/hello?x=1" {
+			seen = true
+			if r.SNI != "api.example.com" || r.Headers["X-Systest"][0] != "1" || !strings.HasPrefix(r.Remote, systest.GatewaySideAddr+":") {
+				t.Errorf("upstream record = %+v", r)
+			}
+		}
+	}
+	if !seen {
+		t.Fatalf("upstream did not log the request: %+v", rs)
+	}
+}

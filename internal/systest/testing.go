@@ -116,3 +116,16 @@ func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
 }
+
+// StartInternetT starts the fake internet in a machine for a test.
+func StartInternetT(t testing.TB, m *Machine) *Internet {
+	t.Helper()
+	bin := BuildT(t, "./checks/system/upstream")
+	ctx, cancel := testContext(t, time.Minute)
+	defer cancel()
+	in, err := StartInternet(ctx, m, bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return in
+}
