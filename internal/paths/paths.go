@@ -79,7 +79,9 @@ func EgressConfig(prefix, agent string) string {
 func EgressState(agent string) string { return filepath.Join(EgressStateRoot, agent) }
 
 // Runtime holds per-boot files for one agent: placeholders, env, resolv.conf.
-func Runtime(agent string) string { return filepath.Join(RuntimeRoot, agent) }
+// It sits one level down so that no agent name can collide with caged's own
+// files in RuntimeRoot.
+func Runtime(agent string) string { return filepath.Join(RuntimeRoot, "cage", agent) }
 
 // DefaultWorkspace is an agent's workspace when the config names none.
 func DefaultWorkspace(agent string) string { return filepath.Join(WorkspaceRoot, agent) }
