@@ -37,12 +37,11 @@ func Canonical(cfg *Config) ([]byte, error) {
 			m["egress_policy"] = canonPolicy(a.Policy)
 		} else {
 			m["egress"] = a.Policy.Name
-			if prev, ok := policies[a.Policy.Name]; ok {
-				if p, _ := json.Marshal(prev); string(p) != string(mustJSON(canonPolicy(a.Policy))) {
-					return nil, fmt.Errorf("canonical: policy %q resolved two ways", a.Policy.Name)
-				}
+			// A named policy is resolved once by the loader and shared by
+			// every agent naming it, so the first copy stands for all.
+			if _, ok := policies[a.Policy.Name]; !ok {
+				policies[a.Policy.Name] = canonPolicy(a.Policy)
 			}
-			policies[a.Policy.Name] = canonPolicy(a.Policy)
 		}
 		if len(a.Secrets) > 0 {
 			secrets := map[string]any{}
@@ -92,11 +91,6 @@ func Canonical(cfg *Config) ([]byte, error) {
 		return nil, err
 	}
 	return append(b, '\n'), nil
-}
-
-func mustJSON(v any) []byte {
-	b, _ := json.Marshal(v)
-	return b
 }
 
 func canonResources(r Resources) map[string]any {
