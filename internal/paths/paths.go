@@ -16,6 +16,10 @@ const (
 	RuntimeRoot      = "/run/nixcage"
 	EvidenceRoot     = "/var/lib/nixcage/evidence"
 	QuarantineRoot   = "/var/lib/nixcage/quarantine"
+	// PodmanRootfs is the skeleton root podman cages without an image use.
+	PodmanRootfs = "/var/lib/nixcage/rootfs"
+	// TmpfilesConf is relative to the prefix.
+	TmpfilesConf = "tmpfiles.d/nixcage.conf"
 
 	// Inside a cage.
 	CageCACert     = "/etc/nixcage/ca.crt"
@@ -75,10 +79,17 @@ func EgressConfig(prefix, agent string) string {
 func EgressState(agent string) string { return filepath.Join(EgressStateRoot, agent) }
 
 // Runtime holds per-boot files for one agent: placeholders, env, resolv.conf.
-func Runtime(agent string) string { return filepath.Join(RuntimeRoot, agent) }
+// It sits one level down so that no agent name can collide with caged's own
+// files in RuntimeRoot.
+func Runtime(agent string) string { return filepath.Join(RuntimeRoot, "cage", agent) }
 
 // DefaultWorkspace is an agent's workspace when the config names none.
 func DefaultWorkspace(agent string) string { return filepath.Join(WorkspaceRoot, agent) }
+
+// QuarantineMark exists while an agent is quarantined; agent units carry
+// ConditionPathExists=! on it, so systemd itself keeps the agent down across
+// caged restarts and reboots until an operator releases it.
+func QuarantineMark(agent string) string { return filepath.Join(QuarantineRoot, agent) }
 
 // AuditDir is where the gateway writes its JSONL audit (LogsDirectory=).
 func AuditDir(agent string) string { return filepath.Join("/var/log/nixcage-egress", agent) }

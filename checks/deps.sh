@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs what nixcage's tests and demo need on a Debian 12 host, as root.
+# Idempotent: packages already present are not fetched again.
+set -euo pipefail
+
+pkgs=(
+  ca-certificates curl git iproute2 dbus           # basics, ip netns, dbus-daemon
+  systemd-container debootstrap                    # systemd-nspawn, booted test machines
+  podman runc uidmap                               # podman backend (runc: crun fails on hybrid cgroups)
+  nix-bin                                          # real Nix stores and binary caches
+)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "checks/deps.sh: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q >/dev/null
+  apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+fi
+command -v go >/dev/null || { echo "checks/deps.sh: Go is required (https://go.dev/dl), e.g. /usr/local/go/bin" >&2; exit 1; }

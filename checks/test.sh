@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The whole test suite: static checks, unit tests, privileged tests (real
+# namespaces, real dbus-daemon, real Nix) and system tests (a booted systemd
+# in systemd-nspawn). Run as root on Debian 12: bash checks/test.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH=$PATH:/usr/local/go/bin:/usr/sbin:/sbin
+
+bash checks/deps.sh
+
+step() { printf '\n== %s\n' "$*"; }
+
+step "gofmt"
+bad=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
+if [ -n "$bad" ]; then echo "gofmt would change:"; echo "$bad"; exit 1; fi
+
+step "go vet"
+go vet ./...
+
+step "nix syntax"
+if ls nixos-modules/*.nix checks/*.nix flake.nix >/dev/null 2>&1; then
+  for f in $(git ls-files '*.nix'); do nix-instantiate --parse "$f" >/dev/null; done
+  echo "parsed $(git ls-files '*.nix' | wc -l) .nix files"
+fi
+
+step "tests (unit, privileged, system)"
+export NIXCAGE_TEST_PRIVILEGED=1 NIXCAGE_TEST_SYSTEM=1
+go test -count=1 -timeout 20m ./...
+
+step "fuzz the config loader (20s)"
+go test -run '^$' -fuzz FuzzLoad -fuzztime 20s ./internal/config/

@@ -1,0 +1,45 @@
+egress_policy "web" {
+  allow   = ["api.example.com", "*.example.org"]
+  deny    = ["evil.example.org"]
+  ports   = [443]
+  inspect = ["api.example.com"]
+}
+
+agent "alice" {
+  backend   = "service"
+  command   = ["/bin/sh", "-c", "echo hello"]
+  workspace = "/var/lib/nixcage/agents/alice"
+  egress    = "web"
+
+  secret "api" {
+    source = "/run/secrets/alice-api"
+    env    = "API_KEY"
+    hosts  = ["api.example.com"]
+    header = "Authorization"
+  }
+}
+
+agent "bob" {
+  backend = "nspawn"
+  command = ["/bin/sh", "-c", "echo hello"]
+  egress  = "web"
+}
+
+agent "carol" {
+  backend = "podman"
+  command = ["/bin/sh", "-c", "echo hello"]
+  egress  = "web"
+}
+
+account "ops" {
+  group  = "wheel"
+  role   = "operator"
+  agents = ["alice", "bob"]
+}
+
+store {
+  root      = "/var/lib/nixcage/store"
+  channel   = "stable"
+  keys      = ["/etc/nixcage/release.pub"]
+  threshold = 1
+}

@@ -1,0 +1,100 @@
+package config
+
+import "github.com/nixcage/nixcage/internal/policy"
+
+// Config is the validated, normalized model every other package consumes.
+// Everything in it has been checked; defaults are filled in.
+type Config struct {
+	Agents   []*Agent   // sorted by name
+	Accounts []*Account // in declaration order
+	Store    *Store     // nil when no store block was declared
+}
+
+// Backends an agent can run under.
+const (
+	BackendService = "service"
+	BackendNspawn  = "nspawn"
+	BackendPodman  = "podman"
+)
+
+// Agent is one cage.
+type Agent struct {
+	Name        string
+	Backend     string
+	Command     []string
+	Environment map[string]string
+	Workspace   string
+	Tools       string // tool profile; "" means the store's current generation
+	Image       string // podman only; "" means a rootfs built from the host's /usr
+	Autostart   bool
+	Resources   Resources
+	Policy      policy.Policy // resolved; Policy.Name is the policy's name
+	// InlinePolicy is set when the policy was declared inside the agent.
+	InlinePolicy bool
+	Secrets      []Secret
+}
+
+// Resources are the cgroup limits of the cage.
+type Resources struct {
+	Memory string // MemoryMax=
+	CPU    string // CPUQuota= ("" = unlimited)
+	Tasks  int    // TasksMax=
+}
+
+// Secret is a credential: its real value stays with the gateway.
+type Secret struct {
+	Name   string
+	Source string // host path, loaded with LoadCredential=
+	Env    string
+	Hosts  []string
+	Header string
+}
+
+// Roles, in increasing power. Each includes the ones before it.
+const (
+	RoleViewer   = "viewer"
+	RoleOperator = "operator"
+	RoleAdmin    = "admin"
+)
+
+// Account grants a Unix user or group a role over some agents.
+type Account struct {
+	Name   string
+	User   string
+	Group  string
+	Role   string
+	Agents []string // empty: every agent
+}
+
+// Covers reports whether the account's scope includes agent.
+func (a *Account) Covers(agent string) bool {
+	if len(a.Agents) == 0 {
+		return true
+	}
+	for _, n := range a.Agents {
+		if n == agent {
+			return true
+		}
+	}
+	return false
+}
+
+// Store configures the shared read-only tool store and release trust.
+type Store struct {
+	Root        string
+	Channel     string
+	Keys        []string
+	NixKeys     []string
+	Threshold   int
+	Generations int
+}
+
+// Agent returns the agent called name, or nil.
+func (c *Config) Agent(name string) *Agent {
+	for _, a := range c.Agents {
+		if a.Name == name {
+			return a
+		}
+	}
+	return nil
+}

@@ -1,0 +1,131 @@
+package config
+
+import "github.com/hashicorp/hcl/v2"
+
+// The v1 schema as HCL (and HCL's JSON syntax) decodes it. Field tags are the
+// user-facing names: renaming one is a breaking change. gohcl rejects unknown
+// arguments and blocks, which is what makes the schema strict.
+
+// fileV1 is one configuration file.
+type fileV1 struct {
+	Body     hcl.Body      `hcl:",body"`
+	Version  *int          `hcl:"version,optional"`
+	Agents   []agentV1     `hcl:"agent,block"`
+	Policies []namedPolicy `hcl:"egress_policy,block"`
+	Accounts []accountV1   `hcl:"account,block"`
+	Store    []storeV1     `hcl:"store,block"`
+}
+
+type agentV1 struct {
+	Body        hcl.Body          `hcl:",body"`
+	Name        string            `hcl:"name,label"`
+	Backend     string            `hcl:"backend"`
+	Command     []string          `hcl:"command"`
+	Environment map[string]string `hcl:"environment,optional"`
+	Workspace   *string           `hcl:"workspace,optional"`
+	Tools       *string           `hcl:"tools,optional"`
+	Image       *string           `hcl:"image,optional"`
+	Egress      *string           `hcl:"egress,optional"`
+	Autostart   *bool             `hcl:"autostart,optional"`
+	Inline      []policyV1        `hcl:"egress_policy,block"`
+	Resources   []resourcesV1     `hcl:"resources,block"`
+	Secrets     []secretV1        `hcl:"secret,block"`
+}
+
+type resourcesV1 struct {
+	Body   hcl.Body `hcl:",body"`
+	Memory *string  `hcl:"memory,optional"`
+	CPU    *string  `hcl:"cpu,optional"`
+	Tasks  *int     `hcl:"tasks,optional"`
+}
+
+type secretV1 struct {
+	Body   hcl.Body `hcl:",body"`
+	Name   string   `hcl:"name,label"`
+	Source string   `hcl:"source"`
+	Env    string   `hcl:"env"`
+	Hosts  []string `hcl:"hosts,optional"`
+	Header *string  `hcl:"header,optional"`
+}
+
+// namedPolicy is decoded in two steps (label, then the rest as policyV1) so
+// named and inline policies share one schema.
+type namedPolicy struct {
+	Name   string   `hcl:"name,label"`
+	Remain hcl.Body `hcl:",remain"`
+	policy policyV1 // decoded from Remain
+}
+
+type policyV1 struct {
+	Body        hcl.Body       `hcl:",body"`
+	Allow       []string       `hcl:"allow,optional"`
+	Deny        []string       `hcl:"deny,optional"`
+	Ports       []int          `hcl:"ports,optional"`
+	Inspect     []string       `hcl:"inspect,optional"`
+	RateLimit   []rateLimitV1  `hcl:"rate_limit,block"`
+	Inspectors  []inspectorV1  `hcl:"inspector,block"`
+	Limits      []limitsV1     `hcl:"limits,block"`
+	DNS         []dnsV1        `hcl:"dns,block"`
+	Credentials []credentialV1 `hcl:"credential,block"`
+
+	UnsafeAllowLoopbackUpstreams *bool `hcl:"unsafe_allow_loopback_upstreams,optional"`
+	UnsafeAllowPrivateUpstreams  *bool `hcl:"unsafe_allow_private_upstreams,optional"`
+}
+
+type rateLimitV1 struct {
+	Body      hcl.Body `hcl:",body"`
+	PerSecond float64  `hcl:"per_second"`
+	Burst     *int     `hcl:"burst,optional"`
+}
+
+type inspectorV1 struct {
+	Body      hcl.Body `hcl:",body"`
+	Name      string   `hcl:"name,label"`
+	Action    string   `hcl:"action"`
+	Threshold *float64 `hcl:"threshold,optional"`
+	MaxBytes  *int64   `hcl:"max_bytes,optional"`
+	MinLength *int     `hcl:"min_length,optional"`
+}
+
+type limitsV1 struct {
+	Body           hcl.Body `hcl:",body"`
+	MaxTunnels     *int     `hcl:"max_tunnels,optional"`
+	MaxHeaderBytes *int     `hcl:"max_header_bytes,optional"`
+	MaxBodyBytes   *int64   `hcl:"max_body_bytes,optional"`
+	IdleTimeout    *string  `hcl:"idle_timeout,optional"`
+}
+
+type dnsV1 struct {
+	Body           hcl.Body `hcl:",body"`
+	Enabled        *bool    `hcl:"enabled,optional"`
+	DenyTypes      []string `hcl:"deny_types,optional"`
+	MaxLabelLength *int     `hcl:"max_label_length,optional"`
+}
+
+// credentialV1 lets a shipped policy say where a named credential belongs, so
+// an agent's `secret "anthropic"` needs only its source and variable.
+type credentialV1 struct {
+	Body   hcl.Body `hcl:",body"`
+	Name   string   `hcl:"name,label"`
+	Hosts  []string `hcl:"hosts"`
+	Header *string  `hcl:"header,optional"`
+}
+
+type accountV1 struct {
+	Body   hcl.Body `hcl:",body"`
+	Name   string   `hcl:"name,label"`
+	User   *string  `hcl:"user,optional"`
+	Group  *string  `hcl:"group,optional"`
+	Role   string   `hcl:"role"`
+	Agents []string `hcl:"agents,optional"`
+}
+
+type storeV1 struct {
+	Body        hcl.Body `hcl:",body"`
+	Root        *string  `hcl:"root,optional"`
+	Channel     string   `hcl:"channel"`
+	Keys        []string `hcl:"keys"`
+	NixKeys     []string `hcl:"nix_keys,optional"`
+	Threshold   *int     `hcl:"threshold,optional"`
+	Generations *int     `hcl:"generations,optional"`
+}

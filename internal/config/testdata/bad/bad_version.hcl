@@ -1,0 +1,2 @@
+# want: 2:11 Unsupported config version
+version = 2

@@ -1,0 +1,6 @@
+# want: 5:12 Unknown agent
+account "ops" {
+  group  = "wheel"
+  role   = "operator"
+  agents = ["ghost"]
+}

@@ -1,0 +1,5 @@
+# want: 3:13 Unknown backend
+agent "a" {
+  backend = "vm"
+  command = ["/bin/true"]
+}

@@ -1,0 +1,765 @@
+package config
+
+import (
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/hcl/v2"
+	"github.com/miekg/dns"
+
+	"github.com/nixcage/nixcage/internal/paths"
+	"github.com/nixcage/nixcage/internal/policy"
+)
+
+// Agent names are at most 24 characters so that "nixcage-"+name is a valid
+// 32-character user name for DynamicUser=.
+// Names become unit instance names, directory names and D-Bus object path
+// elements, so they are held to the intersection of what all three accept,
+// minus anything systemd would escape ("-" is fine in an instance name, but a
+// leading one reads as an option on command lines).
+var (
+	agentNameRE   = regexp.MustCompile(`^[a-z][a-z0-9-]{0,23}$`)
+	policyNameRE  = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,63}$`)
+	secretNameRE  = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,63}$`)
+	envNameRE     = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	unixNameRE    = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}\$?$`)
+	channelRE     = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
+	headerRE      = regexp.MustCompile(`^[A-Za-z0-9!#$%&'*+.^_` + "`" + `|~-]+$`)
+	memoryRE      = regexp.MustCompile(`^(infinity|[0-9]+[KMGT]?|[0-9]{1,3}%)$`)
+	cpuRE         = regexp.MustCompile(`^[0-9]{1,5}%$`)
+	placeholderRE = regexp.MustCompile(`[$%]`)
+)
+
+// reservedEnv are variables the cage sets itself; an agent cannot override
+// them (overriding the proxy would only break the agent, overriding the CA
+// bundle could make it trust something other than its gateway).
+var reservedEnv = map[string]bool{
+	"HTTP_PROXY": true, "HTTPS_PROXY": true, "ALL_PROXY": true, "NO_PROXY": true,
+	"http_proxy": true, "https_proxy": true, "all_proxy": true, "no_proxy": true,
+	"SSL_CERT_FILE": true, "NODE_EXTRA_CA_CERTS": true, "REQUESTS_CA_BUNDLE": true,
+	"GIT_SSL_CAINFO": true, "CURL_CA_BUNDLE": true, "HOME": true, "PATH": true,
+	"NIXCAGE_AGENT": true, "LD_PRELOAD": true, "LD_LIBRARY_PATH": true,
+}
+
+// Defaults, in one place so docs/config.md can quote them.
+const (
+	DefaultMemory         = "2G"
+	DefaultTasks          = 512
+	DefaultPort           = 443
+	DefaultRatePerSecond  = 20.0
+	DefaultRateBurst      = 40
+	DefaultMaxTunnels     = 64
+	DefaultMaxHeaderBytes = 64 << 10
+	DefaultMaxBodyBytes   = 32 << 20
+	DefaultIdleTimeout    = 5 * time.Minute
+	DefaultEntropy        = 4.5
+	DefaultBlobMinLength  = 512
+	DefaultMaxLabelLength = 63
+	DefaultGenerations    = 3
+	DefaultPolicy         = "none"
+	DefaultSecretHeader   = "Authorization"
+)
+
+// DefaultDNSDenyTypes are refused even for allowed names: zone transfers and
+// ANY only help enumeration and amplification.
+var DefaultDNSDenyTypes = []string{"ANY", "AXFR", "IXFR"}
+
+type validator struct {
+	loader *Loader
+	diags  hcl.Diagnostics
+
+	policies map[string]*resolvedPolicy
+	named    map[string]*namedPolicy
+}
+
+type resolvedPolicy struct {
+	p           policy.Policy
+	credentials map[string]credentialV1
+}
+
+func (v *validator) errorf(rng hcl.Range, summary, detail string, args ...any) {
+	r := rng
+	v.diags = append(v.diags, &hcl.Diagnostic{
+		Severity: hcl.DiagError,
+		Summary:  summary,
+		Detail:   fmt.Sprintf(detail, args...),
+		Subject:  &r,
+	})
+}
+
+// at returns the source range of attribute name in body, or of the block
+// itself when the attribute is absent.
+func at(body hcl.Body, name string) hcl.Range {
+	if body == nil {
+		return hcl.Range{}
+	}
+	c, _, _ := body.PartialContent(&hcl.BodySchema{Attributes: []hcl.AttributeSchema{{Name: name}}})
+	if c != nil {
+		if a, ok := c.Attributes[name]; ok {
+			return a.Expr.Range()
+		}
+	}
+	return body.MissingItemRange()
+}
+
+func block(body hcl.Body) hcl.Range {
+	if body == nil {
+		return hcl.Range{}
+	}
+	return body.MissingItemRange()
+}
+
+func (v *validator) build(files []*fileV1) *Config {
+	cfg := &Config{}
+	v.named = map[string]*namedPolicy{}
+	v.policies = map[string]*resolvedPolicy{}
+
+	for _, f := range files {
+		if f.Version != nil && *f.Version != 1 {
+			v.errorf(at(f.Body, "version"), "Unsupported config version", "version = %d; this nixcage reads version 1. Set version = 1 or upgrade nixcage.", *f.Version)
+		}
+		for i := range f.Policies {
+			p := &f.Policies[i]
+			rng := block(p.Remain)
+			if !policyNameRE.MatchString(p.Name) {
+				v.errorf(rng, "Invalid policy name", "egress_policy %q: names are 1-64 characters of a-z, 0-9, '_' and '-', starting with a letter. Rename it.", p.Name)
+				continue
+			}
+			if prev, dup := v.named[p.Name]; dup {
+				v.errorf(rng, "Duplicate egress policy", "egress_policy %q is already declared at %s. Rename or remove one of them.", p.Name, block(prev.Remain))
+				continue
+			}
+			v.named[p.Name] = p
+		}
+	}
+	// Resolve every declared policy, even unused ones: a broken policy in
+	// a file is an error whether or not an agent uses it yet.
+	names := make([]string, 0, len(v.named))
+	for n := range v.named {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		v.policies[n] = v.resolvePolicy(n, &v.named[n].policy)
+	}
+
+	seenAgent := map[string]hcl.Range{}
+	workspaces := map[string]string{}
+	for _, f := range files {
+		for i := range f.Agents {
+			a := &f.Agents[i]
+			rng := block(a.Body)
+			if !agentNameRE.MatchString(a.Name) {
+				v.errorf(rng, "Invalid agent name", "agent %q: names become unit names and paths, so they are 1-24 characters of a-z, 0-9 and '-', starting with a letter. Rename it, e.g. %q.", a.Name, suggestName(a.Name))
+				continue
+			}
+			if prev, dup := seenAgent[a.Name]; dup {
+				v.errorf(rng, "Duplicate agent", "agent %q is already declared at %s. Rename or remove one of them.", a.Name, prev)
+				continue
+			}
+			seenAgent[a.Name] = rng
+			if ag := v.agent(a); ag != nil {
+				if other, clash := workspaces[ag.Workspace]; clash {
+					v.errorf(at(a.Body, "workspace"), "Shared workspace", "agent %q uses workspace %s, which agent %q uses too. Cages must not share a workspace: give each its own directory.", a.Name, ag.Workspace, other)
+				}
+				workspaces[ag.Workspace] = a.Name
+				cfg.Agents = append(cfg.Agents, ag)
+			}
+		}
+	}
+	sort.Slice(cfg.Agents, func(i, j int) bool { return cfg.Agents[i].Name < cfg.Agents[j].Name })
+
+	seenAcct := map[string]bool{}
+	for _, f := range files {
+		for i := range f.Accounts {
+			a := &f.Accounts[i]
+			if seenAcct[a.Name] {
+				v.errorf(block(a.Body), "Duplicate account", "account %q is declared twice. Rename or remove one of them.", a.Name)
+				continue
+			}
+			seenAcct[a.Name] = true
+			if acc := v.account(a, seenAgent); acc != nil {
+				cfg.Accounts = append(cfg.Accounts, acc)
+			}
+		}
+	}
+
+	var storeBody hcl.Body
+	for _, f := range files {
+		for i := range f.Store {
+			s := &f.Store[i]
+			if storeBody != nil {
+				v.errorf(block(s.Body), "Duplicate store block", "a store block is already declared at %s. Keep one store block per configuration.", block(storeBody))
+				continue
+			}
+			storeBody = s.Body
+			cfg.Store = v.store(s)
+		}
+	}
+	if cfg.Store != nil {
+		for _, a := range cfg.Agents {
+			if within(a.Workspace, cfg.Store.Root) {
+				v.errorf(block(storeBody), "Workspace inside the store", "agent %q's workspace %s is inside the store root %s, which cages see read-only. Move the workspace.", a.Name, a.Workspace, cfg.Store.Root)
+			}
+		}
+	}
+	return cfg
+}
+
+func suggestName(s string) string {
+	var b strings.Builder
+	for _, c := range strings.ToLower(s) {
+		switch {
+		case c >= 'a' && c <= 'z', c >= '0' && c <= '9':
+			b.WriteRune(c)
+		default:
+			b.WriteByte('-')
+		}
+	}
+	out := strings.Trim(b.String(), "-")
+	if out == "" || out[0] < 'a' || out[0] > 'z' {
+		out = "agent-" + out
+	}
+	if len(out) > 24 {
+		out = out[:24]
+	}
+	return strings.TrimRight(out, "-")
+}
+
+func within(p, root string) bool {
+	rel, err := filepath.Rel(root, p)
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
+}
+
+func (v *validator) checkAbsPath(rng hcl.Range, what, p string) bool {
+	if !filepath.IsAbs(p) || filepath.Clean(p) != p || strings.ContainsAny(p, "\n\"'\\ ") || placeholderRE.MatchString(p) {
+		v.errorf(rng, "Invalid path", "%s %q must be a clean absolute path without spaces, quotes, '%%' or '$' (systemd would expand them), e.g. \"/var/lib/nixcage/agents/NAME\".", what, p)
+		return false
+	}
+	return true
+}
+
+func (v *validator) agent(a *agentV1) *Agent {
+	ag := &Agent{
+		Name:        a.Name,
+		Backend:     a.Backend,
+		Command:     a.Command,
+		Environment: a.Environment,
+		Workspace:   paths.DefaultWorkspace(a.Name),
+		Autostart:   true,
+		Resources:   Resources{Memory: DefaultMemory, Tasks: DefaultTasks},
+	}
+	if ag.Environment == nil {
+		ag.Environment = map[string]string{}
+	}
+	switch a.Backend {
+	case BackendService, BackendNspawn, BackendPodman:
+	default:
+		v.errorf(at(a.Body, "backend"), "Unknown backend", "agent %q: backend %q is not one of \"service\", \"nspawn\", \"podman\".", a.Name, a.Backend)
+	}
+	if len(a.Command) == 0 || a.Command[0] == "" {
+		v.errorf(at(a.Body, "command"), "Empty command", "agent %q: command must name the program to run, e.g. [\"/bin/sh\", \"-c\", \"...\"].", a.Name)
+	} else if !filepath.IsAbs(a.Command[0]) {
+		v.errorf(at(a.Body, "command"), "Relative command", "agent %q: command[0] %q must be an absolute path inside the cage (there is no PATH lookup), e.g. \"/bin/sh\" or \"%s/bin/claude\".", a.Name, a.Command[0], paths.CageTools)
+	}
+	for _, arg := range a.Command {
+		if strings.ContainsRune(arg, 0) {
+			v.errorf(at(a.Body, "command"), "Invalid command argument", "agent %q: command arguments cannot contain NUL bytes.", a.Name)
+			break
+		}
+	}
+	keys := make([]string, 0, len(ag.Environment))
+	for k := range ag.Environment {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if !envNameRE.MatchString(k) {
+			v.errorf(at(a.Body, "environment"), "Invalid environment variable", "agent %q: %q is not a variable name (letters, digits, '_').", a.Name, k)
+		} else if reservedEnv[k] {
+			v.errorf(at(a.Body, "environment"), "Reserved environment variable", "agent %q: %s is set by the cage itself and cannot be overridden. Remove it.", a.Name, k)
+		}
+		if strings.ContainsAny(ag.Environment[k], "\n\x00") {
+			v.errorf(at(a.Body, "environment"), "Invalid environment value", "agent %q: the value of %s contains a newline or NUL byte.", a.Name, k)
+		}
+	}
+	if a.Workspace != nil {
+		if v.checkAbsPath(at(a.Body, "workspace"), "workspace", *a.Workspace) {
+			ag.Workspace = *a.Workspace
+			// Workspaces are StateDirectory= of the agent unit so that systemd
+			// owns them for the agent's dynamic user, which requires /var/lib.
+			if !strings.HasPrefix(ag.Workspace, "/var/lib/") {
+				v.errorf(at(a.Body, "workspace"), "Workspace outside /var/lib", "agent %q: workspace %s must be below /var/lib/ (systemd hands it to the cage's dynamic user there), e.g. %s.", a.Name, ag.Workspace, paths.DefaultWorkspace(a.Name))
+			}
+			for _, bad := range []string{"/", "/etc", "/usr", "/nix", "/run", "/var", "/var/lib", "/home", "/root", "/proc", "/sys", "/dev", "/tmp", "/boot"} {
+				if ag.Workspace == bad {
+					v.errorf(at(a.Body, "workspace"), "Unsafe workspace", "agent %q: workspace %s is a system directory; the agent would own it. Use a directory of its own such as %s.", a.Name, bad, paths.DefaultWorkspace(a.Name))
+				}
+			}
+		}
+	}
+	if a.Tools != nil {
+		if !channelRE.MatchString(*a.Tools) {
+			v.errorf(at(a.Body, "tools"), "Invalid tool profile", "agent %q: tools = %q must be a profile name (a-z, 0-9, '.', '_', '-').", a.Name, *a.Tools)
+		}
+		ag.Tools = *a.Tools
+	}
+	if a.Image != nil {
+		if a.Backend != BackendPodman {
+			v.errorf(at(a.Body, "image"), "Image without podman", "agent %q: image is only used by backend = \"podman\". Remove it or change the backend.", a.Name)
+		}
+		if *a.Image == "" || strings.ContainsAny(*a.Image, " \n\"'%$") {
+			v.errorf(at(a.Body, "image"), "Invalid image", "agent %q: image %q must be an image reference such as \"docker.io/library/debian:bookworm\".", a.Name, *a.Image)
+		}
+		ag.Image = *a.Image
+	}
+	if a.Autostart != nil {
+		ag.Autostart = *a.Autostart
+	}
+	if len(a.Resources) > 1 {
+		v.errorf(block(a.Resources[1].Body), "Duplicate resources block", "agent %q has more than one resources block. Merge them.", a.Name)
+	}
+	if len(a.Resources) > 0 {
+		r := a.Resources[0]
+		if r.Memory != nil {
+			if !memoryRE.MatchString(*r.Memory) {
+				v.errorf(at(r.Body, "memory"), "Invalid memory limit", "agent %q: memory = %q; write bytes with an optional K, M, G or T suffix (\"2G\"), a percentage (\"50%%\") or \"infinity\".", a.Name, *r.Memory)
+			}
+			ag.Resources.Memory = *r.Memory
+		}
+		if r.CPU != nil {
+			if !cpuRE.MatchString(*r.CPU) || *r.CPU == "0%" {
+				v.errorf(at(r.Body, "cpu"), "Invalid CPU limit", "agent %q: cpu = %q; write a share of one CPU as a percentage, e.g. \"150%%\" for one and a half CPUs.", a.Name, *r.CPU)
+			}
+			ag.Resources.CPU = *r.CPU
+		}
+		if r.Tasks != nil {
+			if *r.Tasks < 1 || *r.Tasks > 1<<22 {
+				v.errorf(at(r.Body, "tasks"), "Invalid task limit", "agent %q: tasks = %d; use a number of processes and threads between 1 and 4194304.", a.Name, *r.Tasks)
+			}
+			ag.Resources.Tasks = *r.Tasks
+		}
+	}
+
+	// Egress: by name, inline, or the deny-all default.
+	var rp *resolvedPolicy
+	switch {
+	case a.Egress != nil && len(a.Inline) > 0:
+		v.errorf(at(a.Body, "egress"), "Two egress policies", "agent %q sets both egress = %q and an inline egress_policy block. Keep one.", a.Name, *a.Egress)
+		return nil
+	case len(a.Inline) > 1:
+		v.errorf(block(a.Inline[1].Body), "Duplicate egress_policy block", "agent %q has more than one inline egress_policy block. Merge them.", a.Name)
+		return nil
+	case len(a.Inline) == 1:
+		rp = v.resolvePolicy("agent-"+a.Name, &a.Inline[0])
+	default:
+		name := DefaultPolicy
+		if a.Egress != nil {
+			name = *a.Egress
+		}
+		rp = v.lookupPolicy(at(a.Body, "egress"), a.Name, name)
+	}
+	if rp == nil {
+		return nil
+	}
+	ag.Policy = rp.p
+	ag.InlinePolicy = len(a.Inline) == 1
+
+	envs := map[string]string{}
+	for k := range ag.Environment {
+		envs[k] = "environment"
+	}
+	seenSecret := map[string]bool{}
+	for i := range a.Secrets {
+		if s := v.secret(a.Name, &a.Secrets[i], rp, envs, seenSecret); s != nil {
+			ag.Secrets = append(ag.Secrets, *s)
+		}
+	}
+	return ag
+}
+
+func (v *validator) lookupPolicy(rng hcl.Range, agent, name string) *resolvedPolicy {
+	if rp, ok := v.policies[name]; ok {
+		return rp
+	}
+	if !policyNameRE.MatchString(name) {
+		v.errorf(rng, "Invalid policy name", "agent %q: egress = %q is not a policy name.", agent, name)
+		return nil
+	}
+	np, diags := v.loader.builtinPolicy(name)
+	v.diags = append(v.diags, diags...)
+	if np == nil {
+		known := make([]string, 0, len(v.policies))
+		for n := range v.policies {
+			known = append(known, n)
+		}
+		known = append(known, v.loader.BuiltinPolicyNames()...)
+		sort.Strings(known)
+		v.errorf(rng, "Unknown egress policy", "agent %q: no egress_policy %q is declared or shipped. Declare egress_policy %q { ... } or use one of: %s.", agent, name, name, strings.Join(known, ", "))
+		return nil
+	}
+	rp := v.resolvePolicy(name, &np.policy)
+	v.policies[name] = rp
+	return rp
+}
+
+func (v *validator) secret(agent string, s *secretV1, rp *resolvedPolicy, envs map[string]string, seen map[string]bool) *Secret {
+	rng := block(s.Body)
+	if !secretNameRE.MatchString(s.Name) {
+		v.errorf(rng, "Invalid secret name", "agent %q: secret %q: names are 1-64 characters of a-z, 0-9, '_' and '-', starting with a letter.", agent, s.Name)
+		return nil
+	}
+	if s.Name == "ca.key" || seen[s.Name] {
+		v.errorf(rng, "Duplicate secret", "agent %q declares secret %q twice. Rename one.", agent, s.Name)
+		return nil
+	}
+	seen[s.Name] = true
+	out := &Secret{Name: s.Name, Source: s.Source, Env: s.Env, Hosts: s.Hosts, Header: DefaultSecretHeader}
+	v.checkAbsPath(at(s.Body, "source"), "secret source", s.Source)
+	if !envNameRE.MatchString(s.Env) {
+		v.errorf(at(s.Body, "env"), "Invalid environment variable", "agent %q: secret %q: env = %q is not a variable name.", agent, s.Name, s.Env)
+	} else if reservedEnv[s.Env] {
+		v.errorf(at(s.Body, "env"), "Reserved environment variable", "agent %q: secret %q: %s is set by the cage itself. Pick another variable.", agent, s.Name, s.Env)
+	} else if where, clash := envs[s.Env]; clash {
+		v.errorf(at(s.Body, "env"), "Environment variable set twice", "agent %q: secret %q sets %s, which %s sets too. Remove one.", agent, s.Name, s.Env, where)
+	}
+	envs[s.Env] = fmt.Sprintf("secret %q", s.Name)
+
+	binding, bound := rp.credentials[s.Name]
+	if len(out.Hosts) == 0 && bound {
+		out.Hosts = binding.Hosts
+	}
+	if s.Header != nil {
+		out.Header = *s.Header
+	} else if bound && binding.Header != nil {
+		out.Header = *binding.Header
+	}
+	if !headerRE.MatchString(out.Header) {
+		v.errorf(at(s.Body, "header"), "Invalid header name", "agent %q: secret %q: header = %q is not an HTTP header name.", agent, s.Name, out.Header)
+	}
+	if len(out.Hosts) == 0 {
+		v.errorf(rng, "Secret bound to no host", "agent %q: secret %q names no hosts, and policy %q has no credential %q block. Add hosts = [\"api.example.com\"] so the gateway knows where the real value may go.", agent, s.Name, rp.p.Name, s.Name)
+	}
+	for _, h := range out.Hosts {
+		hr := at(s.Body, "hosts")
+		if strings.HasPrefix(h, "*") {
+			v.errorf(hr, "Wildcard credential host", "agent %q: secret %q: %q is a wildcard; a credential is only ever sent to exact host names. List each host.", agent, s.Name, h)
+			continue
+		}
+		if err := policy.CheckPattern(h); err != nil {
+			v.errorf(hr, "Invalid host", "agent %q: secret %q: %v.", agent, s.Name, err)
+			continue
+		}
+		if policy.MatchAny(rp.p.Deny, h) != "" || policy.MatchAny(rp.p.Allow, h) == "" {
+			v.errorf(hr, "Credential host not allowed", "agent %q: secret %q is bound to %s, which policy %q does not allow. Add it to allow, or remove it from the secret's hosts.", agent, s.Name, h, rp.p.Name)
+		} else if policy.MatchAny(rp.p.Inspect, h) == "" {
+			v.errorf(hr, "Credential host not inspected", "agent %q: secret %q is bound to %s, but policy %q does not inspect it; the gateway can only inject a credential into requests it has inspected. Add %q to inspect.", agent, s.Name, h, rp.p.Name, h)
+		}
+	}
+	return out
+}
+
+func (v *validator) resolvePolicy(name string, p *policyV1) *resolvedPolicy {
+	out := policy.Policy{
+		Name:    name,
+		Allow:   nonNil(p.Allow),
+		Deny:    nonNil(p.Deny),
+		Ports:   p.Ports,
+		Inspect: nonNil(p.Inspect),
+		RateLimit: policy.RateLimit{
+			PerSecond: DefaultRatePerSecond,
+			Burst:     DefaultRateBurst,
+		},
+		Limits: policy.Limits{
+			MaxTunnels:         DefaultMaxTunnels,
+			MaxHeaderBytes:     DefaultMaxHeaderBytes,
+			MaxBodyBytes:       DefaultMaxBodyBytes,
+			IdleTimeoutSeconds: int(DefaultIdleTimeout / time.Second),
+		},
+		DNS: policy.DNS{Enabled: true, DenyTypes: append([]string(nil), DefaultDNSDenyTypes...), MaxLabelLength: DefaultMaxLabelLength},
+	}
+	if len(out.Ports) == 0 {
+		out.Ports = []int{DefaultPort}
+	}
+	for _, port := range out.Ports {
+		if port < 1 || port > 65535 {
+			v.errorf(at(p.Body, "ports"), "Invalid port", "egress_policy %q: port %d is outside 1-65535.", name, port)
+		}
+	}
+	checkList := func(attr string, list []string) {
+		seen := map[string]bool{}
+		for _, h := range list {
+			if err := policy.CheckPattern(h); err != nil {
+				v.errorf(at(p.Body, attr), "Invalid host pattern", "egress_policy %q: %s: %v.", name, attr, err)
+			}
+			if seen[h] {
+				v.errorf(at(p.Body, attr), "Duplicate host pattern", "egress_policy %q: %s lists %q twice. Remove one.", name, attr, h)
+			}
+			seen[h] = true
+		}
+	}
+	checkList("allow", out.Allow)
+	checkList("deny", out.Deny)
+	checkList("inspect", out.Inspect)
+	for _, h := range out.Allow {
+		if policy.MatchAny(out.Deny, h) == h {
+			v.errorf(at(p.Body, "deny"), "Conflicting host rules", "egress_policy %q: %q is in both allow and deny. Deny always wins; remove it from one list to say what you mean.", name, h)
+		}
+	}
+	for _, h := range out.Inspect {
+		// An inspect pattern must be covered by allow: "*.x" needs "*.x",
+		// an exact name needs a pattern matching it.
+		probe := strings.TrimPrefix(h, "*.")
+		covered := policy.MatchAny(out.Allow, probe) != "" || (strings.HasPrefix(h, "*.") && contains(out.Allow, h))
+		if strings.HasPrefix(h, "*.") {
+			covered = contains(out.Allow, h) || policy.MatchAny(out.Allow, "x."+probe) != ""
+		}
+		if !covered {
+			v.errorf(at(p.Body, "inspect"), "Inspected host not allowed", "egress_policy %q: inspect lists %q, which allow does not cover. Add it to allow or remove it from inspect.", name, h)
+		}
+	}
+	if len(p.RateLimit) > 1 {
+		v.errorf(block(p.RateLimit[1].Body), "Duplicate rate_limit block", "egress_policy %q has more than one rate_limit block. Merge them.", name)
+	}
+	if len(p.RateLimit) > 0 {
+		r := p.RateLimit[0]
+		if r.PerSecond <= 0 {
+			v.errorf(at(r.Body, "per_second"), "Invalid rate limit", "egress_policy %q: per_second must be above 0 (requests per second per host).", name)
+		}
+		out.RateLimit.PerSecond = r.PerSecond
+		out.RateLimit.Burst = max(1, int(r.PerSecond))
+		if r.Burst != nil {
+			if *r.Burst < 1 {
+				v.errorf(at(r.Body, "burst"), "Invalid burst", "egress_policy %q: burst must be at least 1.", name)
+			}
+			out.RateLimit.Burst = *r.Burst
+		}
+	}
+	if len(p.Limits) > 1 {
+		v.errorf(block(p.Limits[1].Body), "Duplicate limits block", "egress_policy %q has more than one limits block. Merge them.", name)
+	}
+	if len(p.Limits) > 0 {
+		l := p.Limits[0]
+		positive := func(attr string, n int64) bool {
+			if n < 1 {
+				v.errorf(at(l.Body, attr), "Invalid limit", "egress_policy %q: %s must be at least 1.", name, attr)
+				return false
+			}
+			return true
+		}
+		if l.MaxTunnels != nil && positive("max_tunnels", int64(*l.MaxTunnels)) {
+			out.Limits.MaxTunnels = *l.MaxTunnels
+		}
+		if l.MaxHeaderBytes != nil && positive("max_header_bytes", int64(*l.MaxHeaderBytes)) {
+			out.Limits.MaxHeaderBytes = *l.MaxHeaderBytes
+		}
+		if l.MaxBodyBytes != nil && positive("max_body_bytes", *l.MaxBodyBytes) {
+			out.Limits.MaxBodyBytes = *l.MaxBodyBytes
+		}
+		if l.IdleTimeout != nil {
+			d, err := time.ParseDuration(*l.IdleTimeout)
+			if err != nil || d < time.Second {
+				v.errorf(at(l.Body, "idle_timeout"), "Invalid idle timeout", "egress_policy %q: idle_timeout = %q; write a duration of at least one second such as \"90s\" or \"5m\".", name, *l.IdleTimeout)
+			} else {
+				out.Limits.IdleTimeoutSeconds = int(d / time.Second)
+			}
+		}
+	}
+	out.Inspectors = v.inspectors(name, p, out.Limits.MaxBodyBytes)
+	if len(p.DNS) > 1 {
+		v.errorf(block(p.DNS[1].Body), "Duplicate dns block", "egress_policy %q has more than one dns block. Merge them.", name)
+	}
+	if len(p.DNS) > 0 {
+		d := p.DNS[0]
+		if d.Enabled != nil {
+			out.DNS.Enabled = *d.Enabled
+		}
+		if d.DenyTypes != nil {
+			out.DNS.DenyTypes = nil
+			for _, t := range d.DenyTypes {
+				up := strings.ToUpper(t)
+				if _, ok := dns.StringToType[up]; !ok {
+					v.errorf(at(d.Body, "deny_types"), "Unknown DNS record type", "egress_policy %q: %q is not a DNS record type; write names such as \"TXT\" or \"ANY\".", name, t)
+				}
+				out.DNS.DenyTypes = append(out.DNS.DenyTypes, up)
+			}
+		}
+		if d.MaxLabelLength != nil {
+			if *d.MaxLabelLength < 1 || *d.MaxLabelLength > 63 {
+				v.errorf(at(d.Body, "max_label_length"), "Invalid label length", "egress_policy %q: max_label_length must be between 1 and 63.", name)
+			}
+			out.DNS.MaxLabelLength = *d.MaxLabelLength
+		}
+	}
+	if p.UnsafeAllowLoopbackUpstreams != nil {
+		out.UnsafeAllowLoopbackUpstreams = *p.UnsafeAllowLoopbackUpstreams
+	}
+	if p.UnsafeAllowPrivateUpstreams != nil {
+		out.UnsafeAllowPrivateUpstreams = *p.UnsafeAllowPrivateUpstreams
+	}
+	creds := map[string]credentialV1{}
+	for _, c := range p.Credentials {
+		if _, dup := creds[c.Name]; dup {
+			v.errorf(block(c.Body), "Duplicate credential", "egress_policy %q declares credential %q twice.", name, c.Name)
+		}
+		creds[c.Name] = c
+	}
+	return &resolvedPolicy{p: out, credentials: creds}
+}
+
+func (v *validator) inspectors(name string, p *policyV1, maxBody int64) []policy.Inspector {
+	byName := map[string]policy.Inspector{
+		policy.InspectRealValues:     {Name: policy.InspectRealValues, Action: policy.ActionBlock},
+		policy.InspectSecretPatterns: {Name: policy.InspectSecretPatterns, Action: policy.ActionBlock},
+		policy.InspectBodySize:       {Name: policy.InspectBodySize, Action: policy.ActionBlock, MaxBytes: maxBody},
+		policy.InspectEntropy:        {Name: policy.InspectEntropy, Action: policy.ActionFlag, Threshold: DefaultEntropy},
+		policy.InspectEncodedBlobs:   {Name: policy.InspectEncodedBlobs, Action: policy.ActionFlag, MinLength: DefaultBlobMinLength},
+	}
+	seen := map[string]bool{}
+	for _, in := range p.Inspectors {
+		base, known := byName[in.Name]
+		rng := block(in.Body)
+		if !known {
+			v.errorf(rng, "Unknown inspector", "egress_policy %q: inspector %q does not exist; use one of %s.", name, in.Name, strings.Join(policy.InspectorNames, ", "))
+			continue
+		}
+		if seen[in.Name] {
+			v.errorf(rng, "Duplicate inspector", "egress_policy %q configures inspector %q twice.", name, in.Name)
+		}
+		seen[in.Name] = true
+		switch in.Action {
+		case policy.ActionFlag, policy.ActionBlock:
+		default:
+			v.errorf(at(in.Body, "action"), "Unknown inspector action", "egress_policy %q: inspector %q: action = %q; use \"flag\" or \"block\".", name, in.Name, in.Action)
+		}
+		if in.Name == policy.InspectRealValues && in.Action != policy.ActionBlock {
+			v.errorf(at(in.Body, "action"), "Real credential values are always blocked", "egress_policy %q: a real credential value leaving the cage is never only flagged. Remove this inspector block or set action = \"block\".", name)
+		}
+		base.Action = in.Action
+		if in.Threshold != nil {
+			if *in.Threshold <= 0 || *in.Threshold > 8 {
+				v.errorf(at(in.Body, "threshold"), "Invalid threshold", "egress_policy %q: inspector %q: threshold is in bits per byte, between 0 and 8.", name, in.Name)
+			}
+			base.Threshold = *in.Threshold
+		}
+		if in.MaxBytes != nil {
+			if *in.MaxBytes < 1 {
+				v.errorf(at(in.Body, "max_bytes"), "Invalid size", "egress_policy %q: inspector %q: max_bytes must be at least 1.", name, in.Name)
+			}
+			base.MaxBytes = *in.MaxBytes
+		}
+		if in.MinLength != nil {
+			if *in.MinLength < 16 {
+				v.errorf(at(in.Body, "min_length"), "Invalid length", "egress_policy %q: inspector %q: min_length below 16 would flag ordinary words.", name, in.Name)
+			}
+			base.MinLength = *in.MinLength
+		}
+		byName[in.Name] = base
+	}
+	out := make([]policy.Inspector, 0, len(policy.InspectorNames))
+	for _, n := range policy.InspectorNames {
+		out = append(out, byName[n])
+	}
+	return out
+}
+
+func (v *validator) account(a *accountV1, agents map[string]hcl.Range) *Account {
+	rng := block(a.Body)
+	out := &Account{Name: a.Name, Role: a.Role, Agents: a.Agents}
+	if !policyNameRE.MatchString(a.Name) {
+		v.errorf(rng, "Invalid account name", "account %q: names are 1-64 characters of a-z, 0-9, '_' and '-'.", a.Name)
+	}
+	switch {
+	case a.User != nil && a.Group != nil:
+		v.errorf(rng, "Account with user and group", "account %q sets both user and group. Declare one account per user or group.", a.Name)
+	case a.User == nil && a.Group == nil:
+		v.errorf(rng, "Account without user or group", "account %q needs user = \"name\" or group = \"name\".", a.Name)
+	case a.User != nil:
+		out.User = *a.User
+		if !unixNameRE.MatchString(out.User) && !isUID(out.User) {
+			v.errorf(at(a.Body, "user"), "Invalid user name", "account %q: user = %q is not a Unix user name or numeric uid.", a.Name, out.User)
+		}
+	default:
+		out.Group = *a.Group
+		if !unixNameRE.MatchString(out.Group) && !isUID(out.Group) {
+			v.errorf(at(a.Body, "group"), "Invalid group name", "account %q: group = %q is not a Unix group name or numeric gid.", a.Name, out.Group)
+		}
+	}
+	switch a.Role {
+	case RoleViewer, RoleOperator, RoleAdmin:
+	default:
+		v.errorf(at(a.Body, "role"), "Unknown role", "account %q: role = %q; use \"viewer\" (read status), \"operator\" (start, stop, kill, quarantine) or \"admin\" (also apply and roll back releases).", a.Name, a.Role)
+	}
+	for _, n := range a.Agents {
+		if _, ok := agents[n]; !ok {
+			v.errorf(at(a.Body, "agents"), "Unknown agent", "account %q covers agent %q, which is not declared. Declare it or remove it from agents (leave agents out to cover every agent).", a.Name, n)
+		}
+	}
+	return out
+}
+
+func isUID(s string) bool {
+	n, err := strconv.Atoi(s)
+	return err == nil && n >= 0
+}
+
+func (v *validator) store(s *storeV1) *Store {
+	out := &Store{Root: paths.DefaultStoreRoot, Channel: s.Channel, Keys: s.Keys, NixKeys: s.NixKeys, Threshold: 1, Generations: DefaultGenerations}
+	if s.Root != nil && v.checkAbsPath(at(s.Body, "root"), "store root", *s.Root) {
+		out.Root = *s.Root
+	}
+	if !channelRE.MatchString(s.Channel) {
+		v.errorf(at(s.Body, "channel"), "Invalid channel", "store: channel = %q; use a short name such as \"stable\" (a-z, 0-9, '.', '_', '-').", s.Channel)
+	}
+	if len(s.Keys) == 0 {
+		v.errorf(at(s.Body, "keys"), "No trusted keys", "store: keys is empty, so no release could ever be accepted. List the PEM public key files releases are signed with (cagectl key generate makes a pair).")
+	}
+	seen := map[string]bool{}
+	for _, k := range s.Keys {
+		v.checkAbsPath(at(s.Body, "keys"), "key file", k)
+		if seen[k] {
+			v.errorf(at(s.Body, "keys"), "Duplicate key", "store: key %s is listed twice; a threshold counts distinct keys.", k)
+		}
+		seen[k] = true
+	}
+	for _, k := range s.NixKeys {
+		name, key, ok := strings.Cut(k, ":")
+		if !ok || name == "" || key == "" {
+			v.errorf(at(s.Body, "nix_keys"), "Invalid Nix public key", "store: %q is not a Nix public key; write \"name:base64\" as `nix key convert-secret-to-public` prints it.", k)
+		}
+	}
+	if s.Threshold != nil {
+		out.Threshold = *s.Threshold
+		if *s.Threshold < 1 || *s.Threshold > len(s.Keys) {
+			v.errorf(at(s.Body, "threshold"), "Invalid signature threshold", "store: threshold = %d with %d key(s); it must be between 1 and the number of keys.", *s.Threshold, len(s.Keys))
+		}
+	}
+	if s.Generations != nil {
+		out.Generations = *s.Generations
+		if *s.Generations < 2 {
+			v.errorf(at(s.Body, "generations"), "Too few generations", "store: generations = %d; keep at least 2 so there is something to roll back to.", *s.Generations)
+		}
+	}
+	return out
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}

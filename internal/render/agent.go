@@ -1,0 +1,311 @@
+package render
+
+import (
+	"fmt"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/nixcage/nixcage/internal/config"
+	"github.com/nixcage/nixcage/internal/paths"
+	"github.com/nixcage/nixcage/internal/policy"
+)
+
+// Files the prepare step writes into the agent's egress state directory, and
+// where the cage sees them.
+const (
+	caCert   = "ca.crt"     // the cage CA alone (NODE_EXTRA_CA_CERTS adds it)
+	caBundle = "bundle.crt" // host roots + cage CA (for tunnelled and inspected hosts)
+
+	cageBundle = "/etc/nixcage/ca-bundle.crt"
+)
+
+// Runtime returns the gateway's document for agent a.
+func Runtime(a *config.Agent) *policy.Runtime {
+	secrets := make([]policy.Secret, 0, len(a.Secrets))
+	for _, s := range a.Secrets {
+		secrets = append(secrets, policy.Secret{Name: s.Name, Env: s.Env, Hosts: s.Hosts, Header: s.Header})
+	}
+	rt := paths.Runtime(a.Name)
+	return &policy.Runtime{
+		Schema:          policy.Schema,
+		Agent:           a.Name,
+		Policy:          a.Policy,
+		Secrets:         secrets,
+		AuditFile:       filepath.Join(paths.AuditDir(a.Name), "audit.jsonl"),
+		PlaceholderFile: filepath.Join(rt, "placeholders.json"),
+		AgentEnvFile:    filepath.Join(rt, "agent.env"),
+		ResolvConf:      filepath.Join(rt, "resolv.conf"),
+		CADir:           paths.EgressState(a.Name),
+	}
+}
+
+func (r *renderer) storeRoot() string {
+	if r.cfg.Store != nil {
+		return r.cfg.Store.Root
+	}
+	return paths.DefaultStoreRoot
+}
+
+func (r *renderer) agent(a *config.Agent) error {
+	doc, err := Runtime(a).Marshal()
+	if err != nil {
+		return err
+	}
+	r.add(filepath.Join(strings.TrimPrefix(paths.ConfigDir("/", a.Name), "/"), "egress.json"), 0o644, doc)
+
+	if len(a.Secrets) > 0 {
+		// The same credentials reach the prepare step (to size the
+		// placeholders) and the gateway (to inject them); never the agent.
+		var creds []string
+		for _, s := range a.Secrets {
+			creds = append(creds, "LoadCredential", s.Name+":"+s.Source)
+		}
+		body := serialize([]section{sec("Service", creds...)})
+		for _, tpl := range []string{paths.PrepTemplate, paths.EgressTemplate} {
+			r.add(filepath.Join("systemd/system", paths.Instance(tpl, a.Name)+".d", "50-credentials.conf"), 0o644, body)
+		}
+	}
+
+	var svc section
+	switch a.Backend {
+	case config.BackendService:
+		svc = r.serviceBackend(a)
+	case config.BackendNspawn:
+		svc = r.nspawnBackend(a)
+	case config.BackendPodman:
+		svc = r.podmanBackend(a)
+	default:
+		return fmt.Errorf("unknown backend %q", a.Backend)
+	}
+	svc.add(
+		"MemoryMax", a.Resources.Memory,
+		"TasksMax", strconv.Itoa(a.Resources.Tasks),
+		"Restart", "on-failure",
+		"RestartSec", "5",
+		"LimitCORE", "0",
+	)
+	if a.Resources.CPU != "" {
+		svc.add("CPUQuota", a.Resources.CPU)
+	}
+	deps := strings.Join([]string{
+		paths.Instance(paths.NetnsTemplate, a.Name),
+		paths.Instance(paths.PrepTemplate, a.Name),
+		paths.Instance(paths.ProxySocketTpl, a.Name),
+		paths.Instance(paths.DNSSocketTpl, a.Name),
+	}, " ")
+	r.unit(paths.Instance(paths.AgentTemplate, a.Name),
+		sec("Unit",
+			"Description", fmt.Sprintf("nixcage agent %s (%s backend)", a.Name, a.Backend),
+			"Requires", deps,
+			"After", deps,
+			// No namespace, no agent: if it goes away the cage must stop
+			// rather than end up somewhere with a route.
+			"BindsTo", paths.Instance(paths.NetnsTemplate, a.Name),
+			"PartOf", paths.TargetUnit,
+			"ConditionPathExists", "!"+paths.QuarantineMark(a.Name),
+			"StartLimitIntervalSec", "60",
+			"StartLimitBurst", "5",
+		),
+		svc,
+	)
+	return nil
+}
+
+// cageEnv is the environment every cage gets, whatever the backend.
+func cageEnv(a *config.Agent) [][2]string {
+	proxy := "http://" + paths.CageProxyAddr
+	env := [][2]string{
+		{"HTTP_PROXY", proxy}, {"HTTPS_PROXY", proxy},
+		{"http_proxy", proxy}, {"https_proxy", proxy},
+		{"SSL_CERT_FILE", cageBundle}, {"CURL_CA_BUNDLE", cageBundle},
+		{"REQUESTS_CA_BUNDLE", cageBundle}, {"GIT_SSL_CAINFO", cageBundle},
+		{"NODE_EXTRA_CA_CERTS", paths.CageCACert},
+		{"HOME", paths.CageWorkspace},
+		{"PATH", paths.CageTools + "/top/bin:/usr/local/bin:/usr/bin:/bin"},
+		{"NIXCAGE_AGENT", a.Name},
+	}
+	keys := make([]string, 0, len(a.Environment))
+	for k := range a.Environment {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		env = append(env, [2]string{k, a.Environment[k]})
+	}
+	return env
+}
+
+// cageBinds are (source, destination, optional) read-only mounts.
+func (r *renderer) cageBinds(a *config.Agent) [][3]string {
+	state := paths.EgressState(a.Name)
+	store := r.storeRoot()
+	return [][3]string{
+		{filepath.Join(paths.Runtime(a.Name), "resolv.conf"), "/etc/resolv.conf", ""},
+		{filepath.Join(state, caCert), paths.CageCACert, ""},
+		{filepath.Join(state, caBundle), cageBundle, ""},
+		// The shared store and the current tool generation; absent until
+		// the first release is applied.
+		{filepath.Join(store, "nix/store"), paths.CageStoreMount, "-"},
+		{filepath.Join(store, "current"), paths.CageTools, "-"},
+	}
+}
+
+func stateDir(ws string) string { return strings.TrimPrefix(ws, "/var/lib/") }
+
+// serviceBackend runs the agent as the unit itself: a dynamic user in an
+// empty root with only /usr, the cage's own files and its workspace.
+func (r *renderer) serviceBackend(a *config.Agent) section {
+	s := sec("Service",
+		"Type", "exec",
+		"ExecStart", quoteCmd(a.Command),
+		"DynamicUser", "yes",
+		"User", "nixcage-"+a.Name,
+		"NetworkNamespacePath", paths.NetnsPath(a.Name),
+		// Ignored while NetworkNamespacePath= is set (systemd.exec(5)), but
+		// if a drop-in ever removed that line the agent would get a fresh
+		// empty namespace, never the host's network.
+		"PrivateNetwork", "yes",
+		"EnvironmentFile", filepath.Join(paths.Runtime(a.Name), "agent.env"),
+	)
+	for _, kv := range cageEnv(a) {
+		s.add("Environment", quoteArg(kv[0]+"="+kv[1]))
+	}
+	s.add(
+		"StateDirectory", stateDir(a.Workspace),
+		"StateDirectoryMode", "0700",
+		"WorkingDirectory", paths.CageWorkspace,
+		"TemporaryFileSystem", "/",
+		"BindReadOnlyPaths", "/usr /bin /lib -/lib64 -/sbin",
+	)
+	for _, b := range r.cageBinds(a) {
+		s.add("BindReadOnlyPaths", b[2]+b[0]+":"+b[1])
+	}
+	s.add("BindPaths", a.Workspace+":"+paths.CageWorkspace)
+	s.add(baseHardening()...)
+	s.add(
+		"PrivateUsers", "yes",
+		"PrivateIPC", "yes",
+		"PrivateMounts", "yes",
+		"CapabilityBoundingSet", "",
+		"AmbientCapabilities", "",
+		// The cage reaches only its loopback (the gateway's listeners);
+		// the namespace has no route anyway, this is the second wall.
+		"IPAddressAllow", "localhost",
+		"IPAddressDeny", "any",
+		"RestrictAddressFamilies", "AF_UNIX AF_INET AF_INET6",
+		"SystemCallFilter", "@system-service",
+		"SystemCallFilter", denySyscalls,
+		"SystemCallErrorNumber", "EPERM",
+		"DevicePolicy", "closed",
+		// MemoryDenyWriteExecute is left off: Node-based harnesses (Claude
+		// Code, Codex) JIT-compile and need writable+executable memory.
+		"MemoryDenyWriteExecute", "no",
+	)
+	return s
+}
+
+// nspawnBackend runs the agent in systemd-nspawn with a private user range,
+// a volatile tmpfs root holding only the host's /usr, and its own PID, IPC,
+// UTS and mount namespaces. nspawn itself needs root to set that up.
+func (r *renderer) nspawnBackend(a *config.Agent) section {
+	argv := []string{r.o.Nspawn,
+		"--quiet", "--register=no", "--keep-unit",
+		"--directory=/", "--volatile=yes",
+		"--private-users=pick", "--private-users-ownership=auto",
+		"--network-namespace-path=" + paths.NetnsPath(a.Name),
+		"--resolv-conf=off", "--timezone=off", "--link-journal=no",
+		"--drop-capability=all", "--no-new-privileges=yes",
+		"--as-pid2", "--console=pipe",
+		"--machine=nixcage-" + a.Name,
+		"--chdir=" + paths.CageWorkspace,
+		"--bind=" + a.Workspace + ":" + paths.CageWorkspace + ":idmap",
+	}
+	for _, b := range r.cageBinds(a) {
+		argv = append(argv, "--bind-ro="+b[0]+":"+b[1])
+	}
+	for _, kv := range cageEnv(a) {
+		argv = append(argv, "--setenv="+kv[0]+"="+kv[1])
+	}
+	cmd := quoteCmd(argv)
+	// Placeholders come from the EnvironmentFile; ${VAR} is expanded by
+	// systemd, so they reach the container without being rendered here.
+	for _, sc := range a.Secrets {
+		cmd += " " + quoteArg("--setenv="+sc.Env+"=") + "${" + sc.Env + "}"
+	}
+	cmd += " -- " + quoteCmd(a.Command)
+	s := sec("Service",
+		"Type", "exec",
+		"ExecStart", cmd,
+		"EnvironmentFile", filepath.Join(paths.Runtime(a.Name), "agent.env"),
+		"StateDirectory", stateDir(a.Workspace),
+		"StateDirectoryMode", "0700",
+		"Delegate", "yes",
+		"KillMode", "mixed",
+		"DevicePolicy", "closed",
+		"KeyringMode", "private",
+		"ProtectHome", "yes",
+		"PrivateTmp", "yes",
+		"ProtectKernelModules", "yes",
+		"ProtectClock", "yes",
+		"ProtectKernelLogs", "yes",
+		"IPAddressAllow", "localhost",
+		"IPAddressDeny", "any",
+	)
+	return s
+}
+
+// podmanBackend runs the agent with podman (runc, as the host's hybrid
+// cgroups require) in an automatically allocated user namespace.
+func (r *renderer) podmanBackend(a *config.Agent) section {
+	name := "nixcage-" + a.Name
+	argv := []string{r.o.Podman, "--runtime", "runc", "run",
+		"--rm", "--replace", "--name", name,
+		"--network=ns:" + paths.NetnsPath(a.Name),
+		"--dns=none", "--no-hosts",
+		"--userns=auto",
+		"--cap-drop=all", "--security-opt=no-new-privileges",
+		"--read-only",
+		"--pids-limit=" + strconv.Itoa(a.Resources.Tasks),
+		"--ulimit=nofile=65536:65536", "--ulimit=nproc=" + strconv.Itoa(a.Resources.Tasks) + ":" + strconv.Itoa(a.Resources.Tasks),
+		"--env-file=" + filepath.Join(paths.Runtime(a.Name), "agent.env"),
+		"--workdir=" + paths.CageWorkspace,
+		"--volume=" + a.Workspace + ":" + paths.CageWorkspace + ":rw,U",
+		"--tmpfs=/tmp:rw,nosuid,nodev",
+	}
+	if a.Resources.Memory != "infinity" && !strings.HasSuffix(a.Resources.Memory, "%") {
+		argv = append(argv, "--memory="+a.Resources.Memory)
+	}
+	for _, b := range r.cageBinds(a) {
+		if b[2] == "-" {
+			// podman refuses missing sources; the store is bound only
+			// once a release exists (see docs/backends.md).
+			continue
+		}
+		argv = append(argv, "--volume="+b[0]+":"+b[1]+":ro")
+	}
+	for _, kv := range cageEnv(a) {
+		argv = append(argv, "--env="+kv[0]+"="+kv[1])
+	}
+	if a.Image != "" {
+		argv = append(argv, a.Image)
+	} else {
+		argv = append(argv, "--volume=/usr:/usr:ro", "--rootfs", paths.PodmanRootfs)
+	}
+	argv = append(argv, a.Command...)
+	return sec("Service",
+		"Type", "exec",
+		"ExecStartPre", quoteCmd([]string{r.o.Tmpfiles, "--create", filepath.Join(r.o.Prefix, paths.TmpfilesConf)}),
+		"ExecStart", quoteCmd(argv),
+		"ExecStopPost", "-"+quoteCmd([]string{r.o.Podman, "rm", "--force", "--ignore", name}),
+		"StateDirectory", stateDir(a.Workspace),
+		"StateDirectoryMode", "0700",
+		"Delegate", "yes",
+		"KillMode", "mixed",
+		"KeyringMode", "private",
+		"ProtectHome", "yes",
+		"IPAddressAllow", "localhost",
+		"IPAddressDeny", "any",
+	)
+}

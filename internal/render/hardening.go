@@ -1,0 +1,36 @@
+package render
+
+// Hardening shared by nixcage's own services. Each unit starts from
+// baseHardening and adds or loosens only what its job needs; the reason for
+// every loosening is written where it happens. Scores are checked by
+// TestSecurityScores with `systemd-analyze security --offline=true`.
+func baseHardening() []string {
+	return []string{
+		"NoNewPrivileges", "yes",
+		"ProtectSystem", "strict",
+		"ProtectHome", "yes",
+		"PrivateTmp", "yes",
+		"PrivateDevices", "yes",
+		"ProtectKernelTunables", "yes",
+		"ProtectKernelModules", "yes",
+		"ProtectKernelLogs", "yes",
+		"ProtectControlGroups", "yes",
+		"ProtectClock", "yes",
+		"ProtectHostname", "yes",
+		"ProtectProc", "invisible",
+		"ProcSubset", "pid",
+		"RestrictNamespaces", "yes",
+		"RestrictRealtime", "yes",
+		"RestrictSUIDSGID", "yes",
+		"LockPersonality", "yes",
+		"SystemCallArchitectures", "native",
+		"UMask", "0077",
+		"KeyringMode", "private",
+		"RemoveIPC", "yes",
+	}
+}
+
+// Syscall groups no nixcage process or agent has a use for. ptrace (@debug),
+// mount, module loading, raw I/O and reboot are what an escaping agent would
+// want first.
+const denySyscalls = "~@clock @cpu-emulation @debug @module @mount @obsolete @privileged @raw-io @reboot @swap"

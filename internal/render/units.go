@@ -1,0 +1,318 @@
+package render
+
+import (
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"strings"
+
+	"github.com/nixcage/nixcage/internal/config"
+	"github.com/nixcage/nixcage/internal/paths"
+)
+
+func (r *renderer) bin(name string) string { return filepath.Join(r.o.BinDir, name) }
+
+func (r *renderer) cagedConfig() string {
+	if r.o.CagedConfig != "" {
+		return r.o.CagedConfig
+	}
+	return filepath.Join(r.o.Prefix, "nixcage", "nixcage.json")
+}
+
+// caged runs as root because it writes the shared store and asks systemd to
+// manage units; everything else is taken away.
+func (r *renderer) caged() {
+	storeRoot := paths.DefaultStoreRoot
+	if r.cfg.Store != nil {
+		storeRoot = r.cfg.Store.Root
+	}
+	svc := sec("Service",
+		"Type", "dbus",
+		"BusName", paths.BusName,
+		"ExecStart", quoteCmd([]string{r.bin("caged"), "--config", r.cagedConfig()}),
+		"Restart", "on-failure",
+		"RestartSec", "2",
+		"WatchdogSec", "30",
+	)
+	svc.add(baseHardening()...)
+	svc.add(
+		// Writes: the store, evidence and quarantine marks, and the
+		// runtime unit directory it renders into.
+		"StateDirectory", "nixcage",
+		"RuntimeDirectory", "nixcage",
+		"RuntimeDirectoryPreserve", "yes",
+		"ReadWritePaths", storeRoot+" -/run/systemd/system",
+		"PrivateNetwork", "no", // fetches releases by URL
+		"RestrictAddressFamilies", "AF_UNIX AF_INET AF_INET6",
+		"IPAddressDeny", "link-local multicast",
+		// Evidence copies read workspaces owned by dynamic users; store
+		// unpacking sets ownership and modes.
+		"CapabilityBoundingSet", "CAP_DAC_READ_SEARCH CAP_DAC_OVERRIDE CAP_CHOWN CAP_FOWNER CAP_FSETID",
+		"SystemCallFilter", "@system-service",
+		"SystemCallFilter", denySyscalls,
+		"SystemCallErrorNumber", "EPERM",
+		"MemoryDenyWriteExecute", "yes",
+		"DevicePolicy", "closed",
+	)
+	r.unit(paths.CagedUnit,
+		sec("Unit",
+			"Description", "nixcage manager (caged)",
+			"Documentation", "https://github.com/nixcage/nixcage/blob/main/docs/operations.md",
+			"Requires", "dbus.socket",
+			"After", "dbus.socket network-online.target",
+		),
+		svc,
+		sec("Install", "WantedBy", "multi-user.target"),
+	)
+}
+
+func (r *renderer) target() {
+	r.unit(paths.TargetUnit,
+		sec("Unit",
+			"Description", "nixcage agents",
+			"Wants", paths.CagedUnit,
+			"After", paths.CagedUnit,
+		),
+		sec("Install", "WantedBy", "multi-user.target"),
+	)
+	for _, a := range r.cfg.Agents {
+		if a.Autostart {
+			name := paths.Instance(paths.AgentTemplate, a.Name)
+			r.files = append(r.files, File{
+				Path: filepath.Join("systemd/system", paths.TargetUnit+".wants", name),
+				Link: "../" + name,
+			})
+		}
+	}
+}
+
+// templates are the same for every agent: everything agent-specific is
+// derived from the instance name %i through the paths package.
+func (r *renderer) templates() {
+	shutdown := []string{
+		"DefaultDependencies", "no",
+		"Conflicts", "shutdown.target",
+		"Before", "shutdown.target",
+		"After", "local-fs.target",
+		"StopWhenUnneeded", "yes",
+	}
+	// The namespace must not wait for basic.target: its socket units are
+	// ordered before sockets.target, which basic.target waits for.
+	netns := paths.NetnsName("%i")
+	r.unit(paths.NetnsTemplate,
+		sec("Unit", append([]string{"Description", "nixcage network namespace of %i (loopback only, no route)"}, shutdown...)...),
+		sec("Service",
+			"Type", "oneshot",
+			"RemainAfterExit", "yes",
+			"ExecStartPre", "-"+r.o.IP+" netns delete "+netns,
+			"ExecStart", r.o.IP+" netns add "+netns,
+			"ExecStart", r.o.IP+" -n "+netns+" link set lo up",
+			"ExecStop", r.o.IP+" netns delete "+netns,
+			// No mount-namespacing options here (ProtectSystem=, PrivateTmp=,
+			// ...): `ip netns add` bind-mounts the namespace under /run/netns,
+			// which must be visible to the host, not to a private namespace.
+			"NoNewPrivileges", "yes",
+			"CapabilityBoundingSet", "CAP_SYS_ADMIN CAP_NET_ADMIN",
+			"RestrictAddressFamilies", "AF_UNIX AF_NETLINK",
+			"IPAddressDeny", "any",
+			"SystemCallArchitectures", "native",
+			"LockPersonality", "yes",
+			"RestrictRealtime", "yes",
+			"RestrictSUIDSGID", "yes",
+			"MemoryDenyWriteExecute", "yes",
+			"UMask", "0022",
+		),
+	)
+
+	prep := sec("Service",
+		"Type", "oneshot",
+		"RemainAfterExit", "yes",
+		"ExecStart", join(r.bin("cage-egress"), "prepare", "--config", paths.EgressConfig(r.o.Prefix, "%i")),
+		"RuntimeDirectory", strings.TrimPrefix(paths.Runtime("%i"), "/run/"),
+		"RuntimeDirectoryMode", "0755",
+		"StateDirectory", strings.TrimPrefix(paths.EgressState("%i"), "/var/lib/"),
+		"StateDirectoryMode", "0755",
+	)
+	prep.add(baseHardening()...)
+	prep.add(
+		"PrivateNetwork", "yes",
+		"RestrictAddressFamilies", "AF_UNIX",
+		"CapabilityBoundingSet", "",
+		"SystemCallFilter", "@system-service",
+		"SystemCallFilter", denySyscalls,
+		"MemoryDenyWriteExecute", "yes",
+		"DevicePolicy", "closed",
+		"IPAddressDeny", "any",
+		// The prepare step writes the CA key (0600) and placeholders; the
+		// agent's workspace is created here so its owner can be fixed later.
+		"UMask", "0022",
+	)
+	r.unit(paths.PrepTemplate,
+		sec("Unit", append([]string{"Description", "nixcage prepare cage %i (CA, placeholders, resolv.conf)"}, shutdown...)...),
+		prep,
+	)
+
+	deps := strings.Join([]string{paths.Instance(paths.NetnsTemplate, "%i"), paths.Instance(paths.PrepTemplate, "%i")}, " ")
+	socketUnit := func(desc string) section {
+		return sec("Unit",
+			"Description", desc,
+			"Requires", deps,
+			"After", deps,
+			"BindsTo", paths.Instance(paths.NetnsTemplate, "%i"),
+		)
+	}
+	// Listeners live inside the cage's namespace; the gateway itself stays in
+	// the host namespace and receives them by socket activation.
+	r.unit(paths.ProxySocketTpl,
+		socketUnit("nixcage egress proxy of %i (127.0.0.1:3128 inside the cage)"),
+		sec("Socket",
+			"ListenStream", paths.CageProxyAddr,
+			"FileDescriptorName", "proxy",
+			"NetworkNamespacePath", paths.NetnsPath("%i"),
+			"Service", paths.Instance(paths.EgressTemplate, "%i"),
+			"NoDelay", "yes",
+		),
+	)
+	r.unit(paths.DNSSocketTpl,
+		socketUnit("nixcage egress DNS of %i (127.0.0.1:53 inside the cage)"),
+		sec("Socket",
+			"ListenStream", paths.CageDNSAddr,
+			"ListenDatagram", paths.CageDNSAddr,
+			"FileDescriptorName", "dns",
+			"NetworkNamespacePath", paths.NetnsPath("%i"),
+			"Service", paths.Instance(paths.EgressTemplate, "%i"),
+		),
+	)
+
+	sockets := paths.Instance(paths.ProxySocketTpl, "%i") + " " + paths.Instance(paths.DNSSocketTpl, "%i")
+	svc := sec("Service",
+		"Type", "simple",
+		"ExecStart", join(r.bin("cage-egress"), "--config", paths.EgressConfig(r.o.Prefix, "%i")),
+		"Sockets", sockets,
+		"DynamicUser", "yes",
+		"LoadCredential", "ca.key:"+filepath.Join(paths.EgressState("%i"), "ca.key"),
+		"LogsDirectory", paths.AuditLogsDirectory("%i"),
+		"LogsDirectoryMode", "0750",
+		"Restart", "on-failure",
+		"RestartSec", "1",
+	)
+	svc.add(baseHardening()...)
+	svc.add(
+		"PrivateUsers", "yes",
+		// The gateway is the one component that reaches the internet.
+		"RestrictAddressFamilies", "AF_UNIX AF_INET AF_INET6",
+		// Belt and braces under the gateway's own address checks: the kernel
+		// refuses link-local (cloud metadata) and multicast for this unit.
+		"IPAddressDeny", "link-local multicast",
+		"CapabilityBoundingSet", "",
+		"AmbientCapabilities", "",
+		"SystemCallFilter", "@system-service",
+		"SystemCallFilter", denySyscalls+" @resources",
+		"SystemCallErrorNumber", "EPERM",
+		"MemoryDenyWriteExecute", "yes",
+		"DevicePolicy", "closed",
+		"LimitNOFILE", "65536",
+	)
+	r.unit(paths.EgressTemplate,
+		sec("Unit",
+			"Description", "nixcage egress gateway of %i",
+			"Requires", sockets+" "+paths.Instance(paths.PrepTemplate, "%i"),
+			"After", sockets+" "+paths.Instance(paths.PrepTemplate, "%i"),
+		),
+		svc,
+	)
+}
+
+func (r *renderer) dbusPolicy() {
+	// Everyone may call; caged authorizes each method from the caller's
+	// uid and groups against the declared accounts. Only root may own the
+	// name, so nobody can impersonate caged.
+	const policy = `<?xml version="1.0"?>
+<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-BUS Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<!-- Rendered by cagectl render. caged checks every method against the
+     declared accounts; this file only decides who may own and reach the name. -->
+<busconfig>
+  <policy user="root">
+    <allow own="org.nixcage.cage1"/>
+    <allow send_destination="org.nixcage.cage1"/>
+  </policy>
+  <policy context="default">
+    <allow send_destination="org.nixcage.cage1" send_interface="org.freedesktop.DBus.Introspectable"/>
+    <allow send_destination="org.nixcage.cage1" send_interface="org.freedesktop.DBus.Properties"/>
+    <allow send_destination="org.nixcage.cage1" send_interface="org.freedesktop.DBus.Peer"/>
+    <allow send_destination="org.nixcage.cage1" send_interface="org.nixcage.cage1.Manager"/>
+    <allow send_destination="org.nixcage.cage1" send_interface="org.nixcage.cage1.Agent"/>
+  </policy>
+</busconfig>
+`
+	r.add("dbus-1/system.d/"+paths.BusName+".conf", 0o644, []byte(policy))
+}
+
+// tmpfiles creates the directories units expect before any of them runs and
+// the skeleton root podman cages start from (empty but for mount points and
+// the merged-/usr symlinks).
+func (r *renderer) tmpfiles() {
+	var b strings.Builder
+	b.WriteString("# Rendered by cagectl render.\n")
+	fmt.Fprintf(&b, "d %s 0755 root root -\n", "/var/lib/nixcage")
+	fmt.Fprintf(&b, "d %s 0755 root root -\n", paths.WorkspaceRoot)
+	fmt.Fprintf(&b, "d %s 0755 root root -\n", paths.EgressStateRoot)
+	fmt.Fprintf(&b, "d %s 0700 root root -\n", paths.EvidenceRoot)
+	fmt.Fprintf(&b, "d %s 0755 root root -\n", paths.QuarantineRoot)
+	root := paths.PodmanRootfs
+	for _, d := range []string{"", "/usr", "/etc", "/etc/nixcage", "/nix", "/nix/store", "/nix/tools", "/workspace", "/tmp", "/proc", "/sys", "/dev", "/run", "/var", "/var/tmp"} {
+		fmt.Fprintf(&b, "d %s%s 0755 root root -\n", root, d)
+	}
+	for _, l := range []string{"bin", "sbin", "lib", "lib64"} {
+		fmt.Fprintf(&b, "L %s/%s - - - - usr/%s\n", root, l, l)
+	}
+	fmt.Fprintf(&b, "f %s/etc/resolv.conf 0644 root root -\n", root)
+	fmt.Fprintf(&b, "f %s/etc/nixcage/ca.crt 0644 root root -\n", root)
+	r.add(paths.TmpfilesConf, 0o644, []byte(b.String()))
+}
+
+// canonical writes the validated model back out as HCL-JSON: caged reads it,
+// and `cagectl validate` accepts it, so what caged enforces is exactly what
+// was rendered.
+func (r *renderer) canonical() error {
+	b, err := config.Canonical(r.cfg)
+	if err != nil {
+		return err
+	}
+	r.add("nixcage/nixcage.json", 0o644, b)
+	return nil
+}
+
+func marshal(v any) ([]byte, error) {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return append(b, '\n'), nil
+}
+
+// join renders a command line of nixcage's own words, which may carry
+// specifiers such as %i on purpose.
+func join(argv ...string) string { return strings.Join(argv, " ") }
+
+// quoteCmd renders argv for Exec*= lines: every word double-quoted, with
+// specifiers (%) and variable references ($) escaped so that systemd passes
+// them through verbatim.
+func quoteCmd(argv []string) string {
+	out := make([]string, len(argv))
+	for i, a := range argv {
+		out[i] = quoteArg(a)
+	}
+	return strings.Join(out, " ")
+}
+
+func quoteArg(a string) string {
+	if a != "" && !strings.ContainsAny(a, " \t\n\"'\\$%;") {
+		return a
+	}
+	// systemd unescapes C-style sequences inside quoted words, which is how
+	// a multi-line script survives the one-line ExecStart=.
+	r := strings.NewReplacer(`\`, `\\`, `"`, `\"`, `%`, `%%`, `$`, `$$`, "\n", `\n`, "\t", `\t`)
+	return `"` + r.Replace(a) + `"`
+}
