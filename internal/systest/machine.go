@@ -53,6 +53,10 @@ type Options struct {
 	Log io.Writer
 	// ExtraArgs go to systemd-nspawn before -b.
 	ExtraArgs []string
+	// Detach lets the machine outlive this process (the demo's --keep): no
+	// parent-death signal, own session. Stop it with Machine.Close or
+	// `kill -RTMIN+3 LEADER`.
+	Detach bool
 }
 
 // NspawnArgs are the systemd-nspawn options every machine gets, and why:
@@ -63,8 +67,9 @@ type Options struct {
 //     from the pristine cached tree and leaves it untouched.
 //   - --tmpfs=/var/lib/containers: podman's overlay driver refuses to stack
 //     on the overlay root; a tmpfs under it is fine.
-//   - --system-call-filter=@keyring: runc joins a session keyring, which
-//     nspawn's default seccomp filter refuses (EPERM).
+//   - --system-call-filter=@keyring bpf: runc joins a session keyring and
+//     queries device cgroup BPF programs; nspawn's default seccomp filter
+//     refuses both (EPERM).
 //   - --resolv-conf=off --timezone=off: the harness owns /etc/resolv.conf.
 //
 // The environment sets SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1: on a host with
@@ -80,7 +85,7 @@ var NspawnArgs = []string{
 	"--private-network",
 	"--volatile=overlay",
 	"--tmpfs=/var/lib/containers",
-	"--system-call-filter=@keyring",
+	"--system-call-filter=@keyring bpf",
 	"--resolv-conf=off",
 	"--timezone=off",
 	"--link-journal=no",
@@ -109,6 +114,9 @@ func Boot(ctx context.Context, opts Options) (*Machine, error) {
 		"--mount", "--propagation=private", "--", "/bin/sh", "-c", script)
 	cmd.Env = append(cleanEnv(), "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	if opts.Detach {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	}
 	var console io.Writer = io.Discard
 	if opts.Console != "" {
 		f, err := os.Create(opts.Console)

