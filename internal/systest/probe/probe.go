@@ -44,7 +44,7 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 		return serve(ctx, out)
 	}
 	if len(args) == 0 {
-		return errors.New("usage: cage-probe CHECK... | cage-probe serve (checks: id, env,NAME, dial,tcp|udp,ADDR, raw, ping,IP, packet, read,PATH, write,PATH, unix,PATH, dns,NAME, http,URL[,HEADER,VALUE])")
+		return errors.New("usage: cage-probe CHECK... | cage-probe serve (checks: id, env,NAME, dial,tcp|udp,ADDR, raw, ping,IP, packet, read,PATH, write,PATH, unix,PATH, dns,NAME, http,URL[,HEADER,VALUE], sleep,DURATION)")
 	}
 	enc := json.NewEncoder(out)
 	for _, a := range args {
@@ -139,6 +139,16 @@ func check(ctx context.Context, spec string) Result {
 			addrs, err = net.DefaultResolver.LookupHost(rctx, a[0])
 			cancel()
 			r.Detail = strings.Join(addrs, " ")
+		}
+	case "sleep":
+		if need(1) {
+			var d time.Duration
+			if d, err = time.ParseDuration(a[0]); err == nil {
+				select {
+				case <-time.After(d):
+				case <-ctx.Done():
+				}
+			}
 		}
 	case "http":
 		if need(1) {
