@@ -59,7 +59,7 @@ func getFixture(t *testing.T) *fixture {
 		f.relB = filepath.Join(fixDir, "relB")
 		for _, c := range []struct {
 			top, out, comp string
-			gen             uint64
+			gen            uint64
 		}{{f.topA, f.relA, "xz", 1}, {f.topB, f.relB, "none", 2}} {
 			_, err := release.Create(context.Background(), release.CreateOptions{
 				StorePath: c.top, Keys: []*release.PrivateKey{f.key}, Channel: "stable",
