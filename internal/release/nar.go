@@ -105,7 +105,7 @@ func unpack(br io.Reader, hr *hashReader, dst string) (st NarStats, err error) {
 		}
 		p := hdr.Path
 		if seen[p] {
-			return st, fmt.Errorf("nar entry %q appears twice (an entry named '.' or '..' would escape its store path)", p)
+			return st, fmt.Errorf("nar entry %q appears twice: it escapes its store path (an entry named '.' or '..') or is a duplicate", p)
 		}
 		if p != "/" {
 			parent, name := path.Dir(p), path.Base(p)

@@ -198,6 +198,9 @@ func (r *Release) OpenNAR(ctx context.Context, p PathInfo, ni *narinfo.NarInfo) 
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, refuse("closure incomplete: the cache has no %s for %s", ni.URL, p.Path)
 	}
+	if errors.Is(err, ErrTooLarge) {
+		return nil, refuse("nar of %s is larger than its NarSize %d allows: %v", p.Path, p.NarSize, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("open nar of %s: %w", p.Path, err)
 	}
