@@ -308,7 +308,7 @@ func (s *Store) writeGeneration(rel *release.Release) error {
 	if _, err := os.Lstat(final); err == nil {
 		// Only a leftover can be here (recovery removes generations above
 		// the highest accepted, and n is above it); replace it.
-		if err := removeAll(final); err != nil {
+		if err := s.removeGeneration(n); err != nil {
 			return err
 		}
 	}

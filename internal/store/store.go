@@ -292,6 +292,20 @@ func removeAll(p string) error {
 	return os.RemoveAll(p)
 }
 
+// removeGeneration renames generations/N out of the way before deleting
+// it, so a crash mid-delete never leaves a half-empty generations/N that
+// looks kept; the renamed leftover is a tmp-* that recovery removes.
+func (s *Store) removeGeneration(n uint64) error {
+	trash := filepath.Join(s.root, genDir, tmpPrefix+"del-"+strconv.FormatUint(n, 10))
+	if err := os.Rename(s.genPath(n), trash); err != nil {
+		return err
+	}
+	if err := release.SyncDir(filepath.Join(s.root, genDir)); err != nil {
+		return err
+	}
+	return removeAll(trash)
+}
+
 // recoverLocked brings the store back to a consistent state after a crash.
 // Called with the lock held, before any change.
 //
@@ -336,7 +350,7 @@ func (s *Store) recoverLocked() error {
 	for _, n := range ns {
 		if n > st.Highest {
 			s.log.Info("store: removing generation never switched to", "generation", n)
-			if err := removeAll(s.genPath(n)); err != nil {
+			if err := s.removeGeneration(n); err != nil {
 				return fmt.Errorf("recover: %w", err)
 			}
 		}
@@ -394,7 +408,7 @@ func (s *Store) pruneLocked() (removedGens []uint64, removedPaths []string, err 
 			continue
 		}
 		crashPoint("prune-generation")
-		if err := removeAll(s.genPath(n)); err != nil {
+		if err := s.removeGeneration(n); err != nil {
 			return removedGens, nil, fmt.Errorf("prune generation %d: %w", n, err)
 		}
 		removedGens = append(removedGens, n)
