@@ -52,6 +52,9 @@ type Options struct {
 	Now           func() time.Time
 	Logger        *slog.Logger
 	Progress      func(Progress) // called from one goroutine at a time
+	// ReadOnly opens an existing store without creating anything (for
+	// generations and verify, which must not leave a root behind).
+	ReadOnly bool
 }
 
 // Progress reports an apply's advance.
@@ -117,6 +120,12 @@ func Open(opts Options) (*Store, error) {
 	s.nixKeys, err = release.ParseNixKeys(opts.NixPublicKeys)
 	if err != nil {
 		return nil, err
+	}
+	if opts.ReadOnly {
+		if _, err := os.Stat(filepath.Join(root, genDir)); err != nil {
+			return nil, fmt.Errorf("no store at %s (%w): apply a release first or pass --store", root, err)
+		}
+		return s, nil
 	}
 	for _, d := range []string{root, filepath.Join(root, "nix"), s.storeDir(), filepath.Join(root, genDir)} {
 		if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
