@@ -84,10 +84,14 @@ func (g *Gateway) forwardWith(w http.ResponseWriter, r *http.Request, t *target,
 	sort.Strings(names)
 	for _, k := range names {
 		for _, v := range r.Header[k] {
-			parts = append(parts, inspect.Part{Where: "header " + k, Data: []byte(v)})
+			// Basic credentials are inspected decoded: that is where a
+			// placeholder or a real value sits, and the encoded form of a
+			// placeholder would look like a high-entropy blob.
 			if dec, ok := decodeBasic(v); ok {
 				parts = append(parts, inspect.Part{Where: "header " + k + " (basic auth)", Data: []byte(dec)})
+				continue
 			}
+			parts = append(parts, inspect.Part{Where: "header " + k, Data: []byte(v)})
 		}
 	}
 	if len(body) > 0 {

@@ -27,7 +27,7 @@ func (g *Gateway) NewProxyServer() *http.Server {
 	st := g.st.Load()
 	return &http.Server{
 		Handler:           g.Handler(),
-		ReadHeaderTimeout: 30 * time.Second,
+		ReadHeaderTimeout: min(30*time.Second, st.idle),
 		IdleTimeout:       st.idle,
 		// The handler enforces the policy limit with an audit record; this
 		// is the hard cap for headers too large to even parse.

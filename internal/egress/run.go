@@ -197,7 +197,7 @@ func runServe(ctx context.Context, args []string, stdio Stdio) error {
 		dnsServers = append(dnsServers, s)
 		go func() { errc <- s.ActivateAndServe() }()
 	}
-	log.Info("cage-egress serving", "agent", rt.Agent, "proxy", addrs(ls.proxy), "dns_tcp", len(ls.dnsTCP), "dns_udp", len(ls.dnsUDP), "resolver", resolverAddr)
+	log.Info("cage-egress serving", "agent", rt.Agent, "proxy", addrs(ls.proxy), "dns", addrs(ls.dnsTCP), "dns_udp", len(ls.dnsUDP), "resolver", resolverAddr)
 	_, _ = daemon.SdNotify(false, daemon.SdNotifyReady)
 
 	hup := make(chan os.Signal, 1)
