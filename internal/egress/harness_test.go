@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/url"
@@ -27,6 +28,7 @@ import (
 	"github.com/nixcage/nixcage/internal/egress/audit"
 	"github.com/nixcage/nixcage/internal/egress/ca"
 	"github.com/nixcage/nixcage/internal/policy"
+	"github.com/nixcage/nixcage/internal/testenv"
 )
 
 // Real values of the test secrets. Shaped like provider keys so the
@@ -188,7 +190,7 @@ func startUpstream(t *testing.T, dir string) *upstream {
 	var p http.Protocols
 	p.SetHTTP1(true)
 	p.SetHTTP2(true)
-	tsrv := &http.Server{Handler: http.HandlerFunc(u.handler), Protocols: &p, TLSConfig: &tls.Config{
+	tsrv := &http.Server{Handler: http.HandlerFunc(u.handler), Protocols: &p, ErrorLog: log.New(io.Discard, "", 0), TLSConfig: &tls.Config{
 		GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) { return a.Leaf(h.ServerName) },
 	}}
 	go tsrv.ServeTLS(tl, "", "")
@@ -457,7 +459,6 @@ func is(method, host string, port int) func(audit.Record) bool {
 	}
 }
 
-
 // connect opens a raw CONNECT tunnel and returns the connection after 200,
 // or the status code of a refusal.
 func (h *harness) connect(authority string, extra string) (net.Conn, int) {
@@ -489,4 +490,9 @@ func hasAll(list []string, want ...string) bool {
 		}
 	}
 	return true
+}
+
+func lookCurl(t *testing.T) string {
+	t.Helper()
+	return testenv.LookPath(t, "curl")
 }
