@@ -220,6 +220,38 @@ type harness struct {
 	cagePool  *x509.CertPool
 	ph        map[string]string // secret name -> placeholder
 	stop      func()
+	logMu     sync.Mutex
+	logBuf    strings.Builder
+}
+
+// logged reports whether the gateway's log has a line containing s.
+func (h *harness) logged(s string) bool {
+	h.logMu.Lock()
+	defer h.logMu.Unlock()
+	return strings.Contains(h.logBuf.String(), s)
+}
+
+// readLog collects the gateway's log lines and returns the serving line.
+func (h *harness) readLog(r io.Reader) string {
+	sc := bufio.NewScanner(r)
+	serving := ""
+	for sc.Scan() {
+		h.logMu.Lock()
+		h.logBuf.WriteString(sc.Text() + "\n")
+		h.logMu.Unlock()
+		if servingRe.MatchString(sc.Text()) {
+			serving = sc.Text()
+			break
+		}
+	}
+	go func() {
+		for sc.Scan() {
+			h.logMu.Lock()
+			h.logBuf.WriteString(sc.Text() + "\n")
+			h.logMu.Unlock()
+		}
+	}()
+	return serving
 }
 
 // testRuntime is the policy most tests use.
@@ -260,6 +292,14 @@ func testRuntime(dir string, u *upstream) *policy.Runtime {
 // newHarness starts fakes, prepares and runs the gateway. mutate may change
 // the runtime document before it is written.
 func newHarness(t *testing.T, mutate func(*policy.Runtime)) *harness {
+	t.Helper()
+	h := setupHarness(t, mutate)
+	h.start()
+	return h
+}
+
+// setupHarness starts the fakes and runs prepare, without a gateway.
+func setupHarness(t *testing.T, mutate func(*policy.Runtime)) *harness {
 	t.Helper()
 	dir := t.TempDir()
 	h := &harness{t: t, dir: dir, dns: startFakeDNS(t), up: startUpstream(t, dir)}
@@ -314,7 +354,6 @@ func newHarness(t *testing.T, mutate func(*policy.Runtime)) *harness {
 	}
 	h.cagePool = x509.NewCertPool()
 	h.cagePool.AppendCertsFromPEM(pem)
-	h.start()
 	return h
 }
 
@@ -340,18 +379,12 @@ func (h *harness) start() {
 			"--resolver", h.dns.addr, "--upstream-ca", h.up.rootsFile}, Stdio{Out: io.Discard, Err: pw})
 		pw.Close()
 	}()
-	sc := bufio.NewScanner(pr)
-	for sc.Scan() {
-		if m := servingRe.FindStringSubmatch(sc.Text()); m != nil {
-			h.proxyAddr, h.dnsAddr = m[1], m[2]
-			break
-		}
-	}
-	if h.proxyAddr == "" {
+	if m := servingRe.FindStringSubmatch(h.readLog(pr)); m != nil {
+		h.proxyAddr, h.dnsAddr = m[1], m[2]
+	} else {
 		cancel()
 		t.Fatalf("gateway did not start: %v", <-done)
 	}
-	go io.Copy(io.Discard, pr)
 	h.stop = func() { cancel(); <-done }
 	t.Cleanup(h.stop)
 }
