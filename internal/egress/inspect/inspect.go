@@ -103,7 +103,7 @@ type pattern struct {
 
 var patterns = []pattern{
 	{"anthropic-key", regexp.MustCompile(`sk-ant-[A-Za-z0-9_-]{20,}`)},
-	{"openai-key", regexp.MustCompile(`sk-(?:proj-|svcacct-)?[A-Za-z0-9_-]{32,}`)},
+	{"openai-key", regexp.MustCompile(`sk-(?:proj|svcacct|admin)-[A-Za-z0-9_-]{40,}|sk-[A-Za-z0-9]{20}T3BlbkFJ[A-Za-z0-9]{20}`)},
 	{"aws-access-key-id", regexp.MustCompile(`\b(?:AKIA|ASIA)[0-9A-Z]{16}\b`)},
 	{"github-token", regexp.MustCompile(`\bgh[pousr]_[A-Za-z0-9]{36,}`)},
 	{"github-fine-grained-token", regexp.MustCompile(`github_pat_[A-Za-z0-9_]{60,}`)},
