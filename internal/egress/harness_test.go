@@ -48,7 +48,7 @@ type fakeDNS struct {
 	count   map[string]int
 }
 
-func startFakeDNS(t *testing.T) *fakeDNS {
+func startFakeDNS(t testing.TB) *fakeDNS {
 	t.Helper()
 	f := &fakeDNS{records: map[string][][]string{}, count: map[string]int{}}
 	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
@@ -168,7 +168,7 @@ func (u *upstream) handler(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-func startUpstream(t *testing.T, dir string) *upstream {
+func startUpstream(t testing.TB, dir string) *upstream {
 	t.Helper()
 	u := &upstream{}
 	caDir := filepath.Join(dir, "upstream-ca")
@@ -209,7 +209,7 @@ func startUpstream(t *testing.T, dir string) *upstream {
 // harness is one running cage-egress (egress.Run, in-process) with a fake
 // resolver and upstreams on loopback.
 type harness struct {
-	t         *testing.T
+	t         testing.TB
 	dir       string
 	rt        *policy.Runtime
 	cfgPath   string
@@ -291,7 +291,7 @@ func testRuntime(dir string, u *upstream) *policy.Runtime {
 
 // newHarness starts fakes, prepares and runs the gateway. mutate may change
 // the runtime document before it is written.
-func newHarness(t *testing.T, mutate func(*policy.Runtime)) *harness {
+func newHarness(t testing.TB, mutate func(*policy.Runtime)) *harness {
 	t.Helper()
 	h := setupHarness(t, mutate)
 	h.start()
@@ -299,7 +299,7 @@ func newHarness(t *testing.T, mutate func(*policy.Runtime)) *harness {
 }
 
 // setupHarness starts the fakes and runs prepare, without a gateway.
-func setupHarness(t *testing.T, mutate func(*policy.Runtime)) *harness {
+func setupHarness(t testing.TB, mutate func(*policy.Runtime)) *harness {
 	t.Helper()
 	dir := t.TempDir()
 	h := &harness{t: t, dir: dir, dns: startFakeDNS(t), up: startUpstream(t, dir)}

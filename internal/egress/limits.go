@@ -74,6 +74,7 @@ type redactor struct {
 	eof     bool
 	hits    map[string]bool
 	n       int64
+	buf     []byte
 }
 
 func newRedactor(src io.Reader, pairs []pair) *redactor {
@@ -93,9 +94,11 @@ func (r *redactor) Read(p []byte) (int, error) {
 			}
 			return 0, io.EOF
 		}
-		buf := make([]byte, 32<<10)
-		n, err := r.src.Read(buf)
-		r.pending = append(r.pending, buf[:n]...)
+		if r.buf == nil {
+			r.buf = make([]byte, 16<<10)
+		}
+		n, err := r.src.Read(r.buf)
+		r.pending = append(r.pending, r.buf[:n]...)
 		if err == io.EOF {
 			r.eof = true
 		} else if err != nil {
