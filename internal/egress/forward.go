@@ -163,7 +163,7 @@ func (g *Gateway) forwardWith(w http.ResponseWriter, r *http.Request, t *target,
 		red = newRedactor(resp.Body, pairs)
 		src = red
 	}
-	n, copyErr := io.Copy(w, src)
+	n, copyErr := copyFlush(w, src)
 	if red != nil {
 		for k := range red.hits {
 			redacted[k] = true
@@ -272,4 +272,30 @@ func redactPairs(secs []*secrets.Secret) []pair {
 		ps = append(ps, pair{name: s.Name, from: []byte(s.Real), to: []byte(s.Placeholder)})
 	}
 	return ps
+}
+
+// copyFlush copies a response body to the agent, flushing after every chunk
+// so streamed responses (server-sent events from model APIs) arrive as the
+// upstream sends them rather than when a buffer fills.
+func copyFlush(w http.ResponseWriter, src io.Reader) (int64, error) {
+	rc := http.NewResponseController(w)
+	buf := make([]byte, 32<<10)
+	var total int64
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			m, werr := w.Write(buf[:n])
+			total += int64(m)
+			if werr != nil {
+				return total, werr
+			}
+			_ = rc.Flush()
+		}
+		if err == io.EOF {
+			return total, nil
+		}
+		if err != nil {
+			return total, err
+		}
+	}
 }

@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"bufio"
 	"crypto/tls"
 	"encoding/base64"
 	"net/http"
@@ -80,6 +81,22 @@ func TestAllowedPaths(t *testing.T) {
 		r := h.want(t, func(r audit.Record) bool { return r.Path == "/inject" }, audit.Allowed, "")
 		if !hasAll(r.SecretsInjected, "anthropic", "github") || !hasAll(r.SecretsRedacted, "anthropic") {
 			t.Fatalf("record %+v", r)
+		}
+	})
+	t.Run("streamed response is not buffered", func(t *testing.T) {
+		req, _ := http.NewRequest("GET", h.tlsURL("api.example.com", "/sse"), nil)
+		req.Header.Set("X-Api-Key", h.ph["anthropic"])
+		resp, err := h.client(false).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		// The upstream holds the stream open after the first event; it
+		// must arrive now, redacted, not when the stream ends.
+		line, err := bufio.NewReader(resp.Body).ReadString('\n')
+		close(h.up.release)
+		if err != nil || line != "data: one "+h.ph["anthropic"]+"\n" {
+			t.Fatalf("first event: %q %v", line, err)
 		}
 	})
 }

@@ -125,6 +125,7 @@ type upstream struct {
 	rootsFile         string
 	mu                sync.Mutex
 	last              *seen
+	release           chan struct{} // ends a /sse stream
 }
 
 type seen struct {
@@ -142,6 +143,17 @@ func (u *upstream) lastSeen() *seen {
 }
 
 func (u *upstream) handler(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/sse" {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprintf(w, "data: one %s\n\n", r.Header.Get("X-Api-Key"))
+		http.NewResponseController(w).Flush()
+		select {
+		case <-u.release:
+		case <-time.After(20 * time.Second):
+		}
+		fmt.Fprint(w, "data: two\n\n")
+		return
+	}
 	b, _ := io.ReadAll(r.Body)
 	s := &seen{Proto: r.Proto, Host: r.Host, Header: r.Header.Clone(), Body: string(b), Path: r.URL.Path}
 	u.mu.Lock()
@@ -170,7 +182,7 @@ func (u *upstream) handler(w http.ResponseWriter, r *http.Request) {
 
 func startUpstream(t testing.TB, dir string) *upstream {
 	t.Helper()
-	u := &upstream{}
+	u := &upstream{release: make(chan struct{})}
 	caDir := filepath.Join(dir, "upstream-ca")
 	if _, err := ca.Ensure(caDir, "test upstream CA", []string{"example.com", "example.net"}); err != nil {
 		t.Fatal(err)

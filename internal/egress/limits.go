@@ -104,7 +104,7 @@ func (r *redactor) Read(p []byte) (int, error) {
 		} else if err != nil {
 			return 0, err
 		}
-		if safe := len(r.pending) - r.keep; safe > 0 {
+		if safe := r.safe(); safe > 0 {
 			r.process(safe)
 		}
 	}
@@ -112,6 +112,20 @@ func (r *redactor) Read(p []byte) (int, error) {
 	r.out = r.out[n:]
 	r.n += int64(n)
 	return n, nil
+}
+
+// safe is how much of pending may be emitted now: everything except a tail
+// that could be the start of a value. Holding back only real prefixes (not a
+// fixed window) keeps streamed responses (SSE) flowing event by event.
+func (r *redactor) safe() int {
+	for i := max(0, len(r.pending)-r.keep); i < len(r.pending); i++ {
+		for _, p := range r.pairs {
+			if bytes.HasPrefix(p.from, r.pending[i:]) {
+				return i
+			}
+		}
+	}
+	return len(r.pending)
 }
 
 // process emits pending up to boundary; a match starting before boundary is

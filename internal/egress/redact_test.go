@@ -62,3 +62,25 @@ func TestLimiter(t *testing.T) {
 		t.Fatal("zero rate must not limit")
 	}
 }
+
+// A streamed response must not be held back unless its tail could be the
+// start of a secret.
+func TestRedactorStreams(t *testing.T) {
+	pr, pw := io.Pipe()
+	r := newRedactor(pr, []pair{{name: "a", from: []byte("SECRETVALUE1"), to: []byte("placeholder1")}})
+	go pw.Write([]byte("data: event one\n\n"))
+	buf := make([]byte, 100)
+	n, err := r.Read(buf)
+	if err != nil || string(buf[:n]) != "data: event one\n\n" {
+		t.Fatalf("first event held back: %q %v", buf[:n], err)
+	}
+	go func() {
+		pw.Write([]byte("data: SECRET")) // the tail may start the value: held
+		pw.Write([]byte("VALUE1 done"))
+		pw.Close()
+	}()
+	out, _ := io.ReadAll(r)
+	if string(out) != "data: placeholder1 done" {
+		t.Fatalf("got %q", out)
+	}
+}
