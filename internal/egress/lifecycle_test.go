@@ -373,3 +373,24 @@ func TestCANameConstraints(t *testing.T) {
 		}
 	}
 }
+
+// Even with loopback upstreams allowed and its port listed, the gateway
+// never dials its own listener (a loop that would amplify one request into
+// unbounded connections).
+func TestOwnListenerIsNeverAnUpstream(t *testing.T) {
+	h := newHarness(t, nil)
+	_, ps, _ := net.SplitHostPort(h.proxyAddr)
+	port, _ := strconv.Atoi(ps)
+	rt := *h.rt
+	rt.Policy.Ports = append(slices.Clone(rt.Policy.Ports), port)
+	h.writeConfig(&rt)
+	syscall.Kill(os.Getpid(), syscall.SIGHUP)
+	waitFor(t, "reloaded", func() bool { return h.logged("configuration reloaded") })
+	if _, code := h.connect("loop.example.com:"+ps, ""); code != http.StatusForbidden {
+		t.Fatalf("CONNECT to the proxy's own port: %d, want 403", code)
+	}
+	r := h.want(t, is("CONNECT", "loop.example.com", port), audit.Blocked, "address")
+	if !strings.Contains(r.Reason, "own listener") {
+		t.Fatalf("reason %q", r.Reason)
+	}
+}

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -99,11 +98,12 @@ var errIdle = errors.New("idle timeout")
 func splice(client, up net.Conn, idle time.Duration) (out, in int64, err error) {
 	var last atomic.Int64
 	last.Store(time.Now().UnixNano())
-	var wg sync.WaitGroup
+	// One direction runs on the caller's goroutine: a held tunnel costs
+	// one extra goroutine, not two.
 	var errOut, errIn error
-	wg.Add(2)
+	done := make(chan struct{})
 	go func() {
-		defer wg.Done()
+		defer close(done)
 		out, errOut = pipe(up, client, idle, &last)
 		closeWrite(up)
 		if errOut != nil {
@@ -111,16 +111,13 @@ func splice(client, up net.Conn, idle time.Duration) (out, in int64, err error) 
 			up.Close()
 		}
 	}()
-	go func() {
-		defer wg.Done()
-		in, errIn = pipe(client, up, idle, &last)
-		closeWrite(client)
-		if errIn != nil {
-			client.Close()
-			up.Close()
-		}
-	}()
-	wg.Wait()
+	in, errIn = pipe(client, up, idle, &last)
+	closeWrite(client)
+	if errIn != nil {
+		client.Close()
+		up.Close()
+	}
+	<-done
 	if errors.Is(errOut, errIdle) || errors.Is(errIn, errIdle) {
 		return out, in, errIdle
 	}
