@@ -32,14 +32,20 @@ if [ -z "$SMOKE_BIN" ]; then
   fi
 fi
 
-# background PROG... : start, remember pid, print the first stdout line.
-background() { local out="$W/bg.$RANDOM"; "$@" >"$out" 2>>"$W/bg.err" & PIDS+=($!); for _ in $(seq 100); do [ -s "$out" ] && break; sleep 0.05; done; head -1 "$out"; }
+# background VAR PROG... : start PROG, remember its pid (not in a subshell, so
+# cleanup sees it), set VAR to its first line of output.
+background() {
+  local var=$1; shift; local out="$W/bg.$var"
+  "$@" >"$out" 2>>"$W/bg.err" & PIDS+=($!)
+  for _ in $(seq 100); do [ -s "$out" ] && break; sleep 0.05; done
+  printf -v "$var" '%s' "$(head -1 "$out")"
+}
 wait_port() { for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 did not open" >&2; return 1; }
 rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 
-UP=$(background "$W/loadgen" upstream -dir "$W/upca")
+background UP "$W/loadgen" upstream -dir "$W/upca"
 UP_PORT=${UP##*:}
-DNS=$(background "$W/loadgen" dns)
+background DNS "$W/loadgen" dns
 
 mkdir -p "$W/creds"
 printf 'sk-ant-api03-%s\n' "$(head -c 60 /dev/urandom | base64 | tr -dc A-Za-z0-9 | head -c 64)" >"$W/creds/anthropic"
