@@ -25,6 +25,7 @@ import (
 
 	"github.com/nixcage/nixcage/internal/egress/audit"
 	"github.com/nixcage/nixcage/internal/egress/ca"
+	"github.com/nixcage/nixcage/internal/paths"
 	"github.com/nixcage/nixcage/internal/policy"
 	"github.com/nixcage/nixcage/internal/testenv"
 )
@@ -163,6 +164,23 @@ func TestPrepare(t *testing.T) {
 	}
 	if rc, _ := os.ReadFile(rt.ResolvConf); !strings.HasPrefix(string(rc), "nameserver 127.0.0.1\n") {
 		t.Fatalf("resolv.conf %q", rc)
+	}
+	// The bundle trusts real servers (host roots) and the gateway (cage CA).
+	bundle, err := os.ReadFile(filepath.Join(rt.CADir, paths.CABundleFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := os.ReadFile(filepath.Join(rt.CADir, ca.CertFile))
+	if !strings.HasSuffix(string(bundle), string(cert)) {
+		t.Fatal("bundle does not end with the cage CA")
+	}
+	for _, p := range paths.HostCABundles {
+		if roots, err := os.ReadFile(p); err == nil {
+			if !strings.HasPrefix(string(bundle), string(roots)) {
+				t.Fatalf("bundle does not start with the host roots of %s", p)
+			}
+			break
+		}
 	}
 	env, _ := os.ReadFile(rt.AgentEnvFile)
 	m := regexp.MustCompile(`(?m)^ANTHROPIC_API_KEY=(\S+)\nGITHUB_TOKEN=(\S+)\n$`).FindStringSubmatch(string(env))

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nixcage/nixcage/internal/egress/ca"
 	"github.com/nixcage/nixcage/internal/egress/secrets"
+	"github.com/nixcage/nixcage/internal/paths"
 	"github.com/nixcage/nixcage/internal/policy"
 )
 
@@ -95,6 +96,9 @@ func Prepare(rt *policy.Runtime, credDir string) (*PrepareResult, error) {
 			return nil, err
 		}
 	}
+	if err := writeBundle(rt.CADir); err != nil {
+		return nil, err
+	}
 	if rt.ResolvConf != "" {
 		if err := writeFile(rt.ResolvConf, []byte(ResolvConfText), 0o644); err != nil {
 			return nil, err
@@ -111,4 +115,28 @@ func writeFile(path string, data []byte, mode os.FileMode) error {
 		return fmt.Errorf("prepare: %w", err)
 	}
 	return nil
+}
+
+// writeBundle writes the host's root bundle followed by the cage CA: tools
+// that take one CA file (SSL_CERT_FILE, GIT_SSL_CAINFO, ...) must trust real
+// servers behind tunnels and the gateway's leaves for inspected hosts alike.
+// A host without a root bundle gets the cage CA alone (only inspected hosts
+// will then verify), which is said in the file so an operator can tell.
+func writeBundle(dir string) error {
+	cert, err := os.ReadFile(filepath.Join(dir, paths.CACertFile))
+	if err != nil {
+		return fmt.Errorf("prepare: %w", err)
+	}
+	var b []byte
+	for _, p := range paths.HostCABundles {
+		if roots, err := os.ReadFile(p); err == nil {
+			b = append(roots, '\n')
+			break
+		}
+	}
+	if b == nil {
+		b = []byte("# no host root bundle found; only the cage CA is trusted\n")
+	}
+	b = append(b, cert...)
+	return writeFile(filepath.Join(dir, paths.CABundleFile), b, 0o644)
 }

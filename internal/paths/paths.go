@@ -74,6 +74,21 @@ func EgressConfig(prefix, agent string) string {
 	return filepath.Join(ConfigDir(prefix, agent), "egress.json")
 }
 
+// Files in an agent's EgressState directory. The CA key reaches the gateway
+// only as a credential (LoadCredential=ca.key:...), under the same name.
+const (
+	CAKeyFile    = "ca.key"
+	CACertFile   = "ca.crt"
+	CABundleFile = "bundle.crt" // host roots + the cage CA, for SSL_CERT_FILE
+)
+
+// HostCABundles are where hosts keep their root bundle, in order of preference.
+var HostCABundles = []string{
+	"/etc/ssl/certs/ca-certificates.crt", // Debian, Ubuntu, NixOS
+	"/etc/pki/tls/certs/ca-bundle.crt",   // Fedora, RHEL
+	"/etc/ssl/cert.pem",                  // Alpine, Arch
+}
+
 // EgressState holds the cage CA (key 0600 root, cert 0644), created by the
 // prepare step so the agent can trust it from its first request.
 func EgressState(agent string) string { return filepath.Join(EgressStateRoot, agent) }

@@ -190,7 +190,7 @@ func (r *renderer) templates() {
 		"ExecStart", join(r.bin("cage-egress"), "--config", paths.EgressConfig(r.o.Prefix, "%i")),
 		"Sockets", sockets,
 		"DynamicUser", "yes",
-		"LoadCredential", "ca.key:"+filepath.Join(paths.EgressState("%i"), "ca.key"),
+		"LoadCredential", paths.CAKeyFile+":"+filepath.Join(paths.EgressState("%i"), paths.CAKeyFile),
 		"LogsDirectory", paths.AuditLogsDirectory("%i"),
 		"LogsDirectoryMode", "0750",
 		"Restart", "on-failure",

@@ -28,12 +28,14 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/nixcage/nixcage/internal/paths"
 )
 
 // File names inside a CA directory.
 const (
-	KeyFile  = "ca.key"
-	CertFile = "ca.crt"
+	KeyFile  = paths.CAKeyFile
+	CertFile = paths.CACertFile
 )
 
 // Authority signs leaf certificates for intercepted hosts.
