@@ -10,11 +10,12 @@ import (
 	"syscall"
 
 	"github.com/nixcage/nixcage/internal/egress"
+	"github.com/nixcage/nixcage/internal/stdio"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := egress.Run(ctx, os.Args[1:], egress.OS())
+	err := egress.Run(ctx, os.Args[1:], stdio.OS())
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "cage-egress:", err)

@@ -26,6 +26,7 @@ import (
 	"github.com/nixcage/nixcage/internal/egress/audit"
 	"github.com/nixcage/nixcage/internal/egress/ca"
 	"github.com/nixcage/nixcage/internal/paths"
+	"github.com/nixcage/nixcage/internal/stdio"
 	"github.com/nixcage/nixcage/internal/policy"
 	"github.com/nixcage/nixcage/internal/testenv"
 )
@@ -40,7 +41,7 @@ func TestHelperGateway(t *testing.T) {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
-	err := Run(ctx, strings.Split(os.Getenv(helperEnv), "\x1f"), OS())
+	err := Run(ctx, strings.Split(os.Getenv(helperEnv), "\x1f"), stdio.OS())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "helper:", err)
 		os.Exit(1)

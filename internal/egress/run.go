@@ -7,7 +7,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -25,22 +24,18 @@ import (
 	"github.com/nixcage/nixcage/internal/egress/audit"
 	"github.com/nixcage/nixcage/internal/egress/ca"
 	"github.com/nixcage/nixcage/internal/egress/dnsfilter"
+	"github.com/nixcage/nixcage/internal/paths"
 	"github.com/nixcage/nixcage/internal/policy"
+	"github.com/nixcage/nixcage/internal/stdio"
 )
 
 // Stdio is the program's view of the terminal.
-type Stdio struct {
-	In       io.Reader
-	Out, Err io.Writer
-}
-
-// OS returns the process's stdio.
-func OS() Stdio { return Stdio{In: os.Stdin, Out: os.Stdout, Err: os.Stderr} }
+type Stdio = stdio.Stdio
 
 // Socket-activation fd names (FileDescriptorName= in the socket units).
 const (
-	FDProxy = "proxy"
-	FDDNS   = "dns"
+	FDProxy = paths.FDProxy
+	FDDNS   = paths.FDDNS
 )
 
 const usage = `usage:

@@ -29,6 +29,11 @@ const (
 	CageTools      = "/nix/tools"
 	CageWorkspace  = "/workspace"
 
+	// Socket-activation names (FileDescriptorName=) of the gateway's
+	// listeners: the HTTP proxy, and the DNS pair (UDP and TCP).
+	FDProxy = "proxy"
+	FDDNS   = "dns"
+
 	// Bus.
 	BusName   = "org.nixcage.cage1"
 	BusPath   = "/org/nixcage/cage1"
