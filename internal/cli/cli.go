@@ -12,16 +12,15 @@ import (
 	"os"
 	"sort"
 	"strings"
+
+	"github.com/nixcage/nixcage/internal/stdio"
 )
 
 // Stdio is the program's view of the terminal.
-type Stdio struct {
-	In       io.Reader
-	Out, Err io.Writer
-}
+type Stdio = stdio.Stdio
 
 // OS returns the process's own stdio.
-func OS() Stdio { return Stdio{In: os.Stdin, Out: os.Stdout, Err: os.Stderr} }
+func OS() Stdio { return stdio.OS() }
 
 // Exit codes scripts can rely on.
 const (

@@ -414,7 +414,7 @@ func (v *validator) secret(agent string, s *secretV1, rp *resolvedPolicy, envs m
 		v.errorf(rng, "Invalid secret name", "agent %q: secret %q: names are 1-64 characters of a-z, 0-9, '_' and '-', starting with a letter.", agent, s.Name)
 		return nil
 	}
-	if s.Name == "ca.key" || seen[s.Name] {
+	if seen[s.Name] {
 		v.errorf(rng, "Duplicate secret", "agent %q declares secret %q twice. Rename one.", agent, s.Name)
 		return nil
 	}

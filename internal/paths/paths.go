@@ -29,6 +29,11 @@ const (
 	CageTools      = "/nix/tools"
 	CageWorkspace  = "/workspace"
 
+	// Socket-activation names (FileDescriptorName=) of the gateway's
+	// listeners: the HTTP proxy, and the DNS pair (UDP and TCP).
+	FDProxy = "proxy"
+	FDDNS   = "dns"
+
 	// Bus.
 	BusName   = "org.nixcage.cage1"
 	BusPath   = "/org/nixcage/cage1"
@@ -72,6 +77,21 @@ func ConfigDir(prefix, agent string) string {
 // EgressConfig is the document cage-egress reads for one agent.
 func EgressConfig(prefix, agent string) string {
 	return filepath.Join(ConfigDir(prefix, agent), "egress.json")
+}
+
+// Files in an agent's EgressState directory. The CA key reaches the gateway
+// only as a credential (LoadCredential=ca.key:...), under the same name.
+const (
+	CAKeyFile    = "ca.key"
+	CACertFile   = "ca.crt"
+	CABundleFile = "bundle.crt" // host roots + the cage CA, for SSL_CERT_FILE
+)
+
+// HostCABundles are where hosts keep their root bundle, in order of preference.
+var HostCABundles = []string{
+	"/etc/ssl/certs/ca-certificates.crt", // Debian, Ubuntu, NixOS
+	"/etc/pki/tls/certs/ca-bundle.crt",   // Fedora, RHEL
+	"/etc/ssl/cert.pem",                  // Alpine, Arch
 }
 
 // EgressState holds the cage CA (key 0600 root, cert 0644), created by the

@@ -12,14 +12,9 @@ import (
 	"github.com/nixcage/nixcage/internal/policy"
 )
 
-// Files the prepare step writes into the agent's egress state directory, and
-// where the cage sees them.
-const (
-	caCert   = "ca.crt"     // the cage CA alone (NODE_EXTRA_CA_CERTS adds it)
-	caBundle = "bundle.crt" // host roots + cage CA (for tunnelled and inspected hosts)
-
-	cageBundle = "/etc/nixcage/ca-bundle.crt"
-)
+// cageBundle is where the cage sees paths.CABundleFile: host roots (for
+// tunnelled hosts) plus the cage CA (for inspected ones).
+const cageBundle = "/etc/nixcage/ca-bundle.crt"
 
 // Runtime returns the gateway's document for agent a.
 func Runtime(a *config.Agent) *policy.Runtime {
@@ -143,8 +138,8 @@ func (r *renderer) cageBinds(a *config.Agent) [][3]string {
 	store := r.storeRoot()
 	return [][3]string{
 		{filepath.Join(paths.Runtime(a.Name), "resolv.conf"), "/etc/resolv.conf", ""},
-		{filepath.Join(state, caCert), paths.CageCACert, ""},
-		{filepath.Join(state, caBundle), cageBundle, ""},
+		{filepath.Join(state, paths.CACertFile), paths.CageCACert, ""},
+		{filepath.Join(state, paths.CABundleFile), cageBundle, ""},
 		// The shared store and the current tool generation; absent until
 		// the first release is applied.
 		{filepath.Join(store, "nix/store"), paths.CageStoreMount, "-"},

@@ -1,0 +1,299 @@
+// Command loadgen drives bench/egress/run.sh: a fake upstream and resolver
+// on loopback, and clients that measure latency, throughput and request
+// rates through any HTTP proxy (cage-egress and its peers alike), printing
+// one JSON object per measurement.
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/nixcage/nixcage/internal/egress/ca"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: loadgen upstream|dns|latency|throughput|rps|hold [flags]")
+		os.Exit(2)
+	}
+	var err error
+	switch os.Args[1] {
+	case "upstream":
+		err = upstream(os.Args[2:])
+	case "dns":
+		err = resolver(os.Args[2:])
+	case "latency", "throughput", "rps", "hold":
+		err = client(os.Args[1], os.Args[2:])
+	default:
+		err = fmt.Errorf("unknown mode %q", os.Args[1])
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "loadgen:", err)
+		os.Exit(1)
+	}
+}
+
+func waitSignal() {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGTERM, os.Interrupt)
+	<-ch
+}
+
+// upstream serves /small (64 bytes) and /bulk?n=BYTES over TLS with a
+// certificate from its own CA (written to DIR/ca.crt) for any name.
+func upstream(args []string) error {
+	fs := flag.NewFlagSet("upstream", flag.ExitOnError)
+	addr := fs.String("addr", "127.0.0.1:0", "listen address")
+	dir := fs.String("dir", "", "directory for the upstream CA")
+	fs.Parse(args)
+	if _, err := ca.Ensure(*dir, "bench upstream CA", []string{"bench.test"}); err != nil {
+		return err
+	}
+	a, err := ca.Load(filepath.Join(*dir, ca.KeyFile), filepath.Join(*dir, ca.CertFile))
+	if err != nil {
+		return err
+	}
+	l, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return err
+	}
+	small := make([]byte, 64)
+	big := make([]byte, 256<<10)
+	mux := http.NewServeMux()
+	mux.HandleFunc("/small", func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Length", "64")
+		w.Write(small)
+	})
+	mux.HandleFunc("/bulk", func(w http.ResponseWriter, r *http.Request) {
+		n, _ := strconv.ParseInt(r.URL.Query().Get("n"), 10, 64)
+		w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
+		for n > 0 {
+			k := min(n, int64(len(big)))
+			if _, err := w.Write(big[:k]); err != nil {
+				return
+			}
+			n -= k
+		}
+	})
+	var p http.Protocols
+	p.SetHTTP1(true)
+	p.SetHTTP2(true)
+	srv := &http.Server{Handler: mux, Protocols: &p, TLSConfig: &tls.Config{
+		GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) {
+			name := h.ServerName
+			if name == "" {
+				name = "up.bench.test"
+			}
+			return a.Leaf(name)
+		},
+	}}
+	fmt.Println(l.Addr().String())
+	go srv.ServeTLS(l, "", "")
+	waitSignal()
+	return nil
+}
+
+// resolver answers every A query with 127.0.0.1 and nothing else.
+func resolver(args []string) error {
+	fs := flag.NewFlagSet("dns", flag.ExitOnError)
+	addr := fs.String("addr", "127.0.0.1:0", "listen address (udp and tcp)")
+	fs.Parse(args)
+	pc, err := net.ListenPacket("udp", *addr)
+	if err != nil {
+		return err
+	}
+	l, err := net.Listen("tcp", pc.LocalAddr().String())
+	if err != nil {
+		return err
+	}
+	h := dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(r)
+		if q := r.Question[0]; q.Qtype == dns.TypeA {
+			rr, _ := dns.NewRR(q.Name + " 60 IN A 127.0.0.1")
+			m.Answer = append(m.Answer, rr)
+		}
+		w.WriteMsg(m)
+	})
+	go (&dns.Server{PacketConn: pc, Handler: h}).ActivateAndServe()
+	go (&dns.Server{Listener: l, Handler: h}).ActivateAndServe()
+	fmt.Println(pc.LocalAddr().String())
+	waitSignal()
+	return nil
+}
+
+type result struct {
+	Mode     string  `json:"mode"`
+	Label    string  `json:"label"`
+	N        int     `json:"n,omitempty"`
+	P50us    float64 `json:"p50_us,omitempty"`
+	P99us    float64 `json:"p99_us,omitempty"`
+	MBps     float64 `json:"mb_per_s,omitempty"`
+	RPS      float64 `json:"req_per_s,omitempty"`
+	Errors   int64   `json:"errors"`
+	Duration float64 `json:"seconds"`
+}
+
+func client(mode string, args []string) error {
+	fs := flag.NewFlagSet(mode, flag.ExitOnError)
+	label := fs.String("label", "", "name printed with the result")
+	proxy := fs.String("proxy", "", "proxy host:port; empty = direct")
+	target := fs.String("target", "", "host:port to request (what the proxy is asked to CONNECT to)")
+	sni := fs.String("sni", "up.bench.test", "TLS server name")
+	n := fs.Int("n", 2000, "requests (latency) or tunnels (hold)")
+	bytes := fs.Int64("bytes", 1<<30, "bytes to download (throughput)")
+	conc := fs.Int("c", 32, "concurrent clients (rps)")
+	dur := fs.Duration("d", 10*time.Second, "duration (rps)")
+	header := fs.String("header", "", "extra request header name:value (rps)")
+	fs.Parse(args)
+
+	tr := &http.Transport{
+		TLSClientConfig:     &tls.Config{InsecureSkipVerify: true, ServerName: *sni},
+		DisableCompression:  true,
+		MaxIdleConnsPerHost: *conc,
+		TLSNextProto:        map[string]func(string, *tls.Conn) http.RoundTripper{},
+	}
+	if *proxy != "" {
+		pu, _ := url.Parse("http://" + *proxy)
+		tr.Proxy = http.ProxyURL(pu)
+	}
+	base := "https://" + *target
+	res := result{Mode: mode, Label: *label}
+	start := time.Now()
+	switch mode {
+	case "latency":
+		// Every request on a new tunnel: TCP + CONNECT + TLS + GET.
+		tr.DisableKeepAlives = true
+		c := &http.Client{Transport: tr, Timeout: 30 * time.Second}
+		var lat []time.Duration
+		for range *n {
+			t0 := time.Now()
+			if err := get(c, base+"/small", ""); err != nil {
+				res.Errors++
+				continue
+			}
+			lat = append(lat, time.Since(t0))
+		}
+		res.N = len(lat)
+		res.P50us, res.P99us = pct(lat, 50), pct(lat, 99)
+	case "throughput":
+		c := &http.Client{Transport: tr}
+		resp, err := c.Get(base + "/bulk?n=" + strconv.FormatInt(*bytes, 10))
+		if err != nil {
+			return err
+		}
+		t0 := time.Now()
+		got, err := io.CopyBuffer(io.Discard, resp.Body, make([]byte, 256<<10))
+		resp.Body.Close()
+		if err != nil || got != *bytes {
+			return fmt.Errorf("bulk: got %d of %d: %v", got, *bytes, err)
+		}
+		res.MBps = float64(got) / (1 << 20) / time.Since(t0).Seconds()
+	case "rps":
+		c := &http.Client{Transport: tr, Timeout: 30 * time.Second}
+		var count, errs atomic.Int64
+		var mu sync.Mutex
+		var lat []time.Duration
+		ctx, cancel := context.WithTimeout(context.Background(), *dur)
+		defer cancel()
+		var wg sync.WaitGroup
+		for range *conc {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var mine []time.Duration
+				for ctx.Err() == nil {
+					t0 := time.Now()
+					if err := get(c, base+"/small", *header); err != nil {
+						errs.Add(1)
+						continue
+					}
+					mine = append(mine, time.Since(t0))
+					count.Add(1)
+				}
+				mu.Lock()
+				lat = append(lat, mine...)
+				mu.Unlock()
+			}()
+		}
+		wg.Wait()
+		res.N = int(count.Load())
+		res.Errors = errs.Load()
+		res.RPS = float64(count.Load()) / time.Since(start).Seconds()
+		res.P50us, res.P99us = pct(lat, 50), pct(lat, 99)
+	case "hold":
+		// Open n tunnels with a completed TLS handshake and hold them.
+		var conns []net.Conn
+		for range *n {
+			c, err := net.Dial("tcp", *proxy)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", *target, *target)
+			resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: "CONNECT"})
+			if err != nil || resp.StatusCode != 200 {
+				return fmt.Errorf("tunnel %d: %v %v", len(conns), resp, err)
+			}
+			tc := tls.Client(c, &tls.Config{InsecureSkipVerify: true, ServerName: *sni})
+			if err := tc.Handshake(); err != nil {
+				return fmt.Errorf("tunnel %d: %w", len(conns), err)
+			}
+			conns = append(conns, tc)
+		}
+		res.N = len(conns)
+		fmt.Println("ready")
+		waitSignal()
+	}
+	res.Duration = time.Since(start).Seconds()
+	return json.NewEncoder(os.Stdout).Encode(res)
+}
+
+func get(c *http.Client, u, header string) error {
+	req, _ := http.NewRequest("GET", u, nil)
+	if header != "" {
+		for i := 0; i < len(header); i++ {
+			if header[i] == ':' {
+				req.Header.Set(header[:i], header[i+1:])
+				break
+			}
+		}
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		return fmt.Errorf("status %d", resp.StatusCode)
+	}
+	return err
+}
+
+func pct(d []time.Duration, p int) float64 {
+	if len(d) == 0 {
+		return 0
+	}
+	slices.Sort(d)
+	return float64(d[(len(d)-1)*p/100].Microseconds())
+}

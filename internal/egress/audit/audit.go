@@ -1,0 +1,155 @@
+// Package audit writes one record per gateway decision to a JSONL file and,
+// under systemd, to the journal with structured fields.
+//
+// Invariant: records carry secret names, never secret values; callers pass
+// names only, and the inspectors report pattern names, not matched text.
+package audit
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/coreos/go-systemd/v22/journal"
+)
+
+// Schema versions the record layout.
+const Schema = 1
+
+// Decisions.
+const (
+	Allowed = "allowed"
+	Flagged = "flagged"
+	Blocked = "blocked"
+)
+
+// Record is one decision.
+type Record struct {
+	Schema          int      `json:"schema"`
+	TS              string   `json:"ts"`
+	Agent           string   `json:"agent"`
+	Method          string   `json:"method"`
+	Host            string   `json:"host"`
+	Port            int      `json:"port"`
+	Path            string   `json:"path"`
+	Decision        string   `json:"decision"`
+	Reason          string   `json:"reason"`
+	Rule            string   `json:"rule"`
+	Inspectors      []string `json:"inspectors"`
+	SecretsInjected []string `json:"secrets_injected"`
+	SecretsRedacted []string `json:"secrets_redacted"`
+	BytesOut        int64    `json:"bytes_out"`
+	BytesIn         int64    `json:"bytes_in"`
+	DurationMS      int64    `json:"duration_ms"`
+}
+
+// Logger fans records out to its sinks. Safe for concurrent use.
+type Logger struct {
+	agent   string
+	mu      sync.Mutex
+	file    *os.File
+	journal bool
+	// Hook, if set, sees every record (events, tests).
+	Hook func(Record)
+}
+
+// UnderSystemd reports whether the process was started by systemd with its
+// output connected to the journal.
+func UnderSystemd() bool {
+	return os.Getenv("JOURNAL_STREAM") != "" || os.Getenv("INVOCATION_ID") != ""
+}
+
+// Open creates a logger. file may be empty (no file sink).
+func Open(agent, file string, toJournal bool) (*Logger, error) {
+	l := &Logger{agent: agent, journal: toJournal && journal.Enabled()}
+	if file != "" {
+		f, err := os.OpenFile(file, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o640)
+		if err != nil {
+			return nil, fmt.Errorf("open audit file: %w", err)
+		}
+		l.file = f
+	}
+	return l, nil
+}
+
+// Close closes the file sink.
+func (l *Logger) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.file == nil {
+		return nil
+	}
+	err := l.file.Close()
+	l.file = nil
+	return err
+}
+
+// Log stamps and writes r. Write errors are returned so the caller can
+// decide; the gateway treats a failing audit sink as fatal to the request.
+func (l *Logger) Log(r Record) error {
+	r.Schema = Schema
+	r.Agent = l.agent
+	if r.TS == "" {
+		r.TS = time.Now().UTC().Format(time.RFC3339Nano)
+	}
+	for _, p := range []*[]string{&r.Inspectors, &r.SecretsInjected, &r.SecretsRedacted} {
+		if *p == nil {
+			*p = []string{}
+		}
+	}
+	if l.Hook != nil {
+		l.Hook(r)
+	}
+	var err error
+	if l.file != nil {
+		b, merr := json.Marshal(r)
+		if merr != nil {
+			return fmt.Errorf("audit: %w", merr)
+		}
+		b = append(b, '\n')
+		l.mu.Lock()
+		if l.file != nil {
+			_, err = l.file.Write(b)
+		}
+		l.mu.Unlock()
+		if err != nil {
+			err = fmt.Errorf("audit: %w", err)
+		}
+	}
+	if l.journal {
+		prio := journal.PriInfo
+		if r.Decision != Allowed {
+			prio = journal.PriWarning
+		}
+		msg := fmt.Sprintf("%s %s %s:%d %s: %s", r.Decision, r.Method, r.Host, r.Port, r.Path, r.Reason)
+		if jerr := journal.Send(msg, prio, Fields(r)); jerr != nil && err == nil {
+			err = fmt.Errorf("audit journal: %w", jerr)
+		}
+	}
+	return err
+}
+
+// Fields are the journal fields of r (upper-case, prefixed NIXCAGE_).
+func Fields(r Record) map[string]string {
+	return map[string]string{
+		"NIXCAGE_SCHEMA":           strconv.Itoa(r.Schema),
+		"NIXCAGE_AGENT":            r.Agent,
+		"NIXCAGE_METHOD":           r.Method,
+		"NIXCAGE_HOST":             r.Host,
+		"NIXCAGE_PORT":             strconv.Itoa(r.Port),
+		"NIXCAGE_PATH":             r.Path,
+		"NIXCAGE_DECISION":         r.Decision,
+		"NIXCAGE_REASON":           r.Reason,
+		"NIXCAGE_RULE":             r.Rule,
+		"NIXCAGE_INSPECTORS":       strings.Join(r.Inspectors, ","),
+		"NIXCAGE_SECRETS_INJECTED": strings.Join(r.SecretsInjected, ","),
+		"NIXCAGE_SECRETS_REDACTED": strings.Join(r.SecretsRedacted, ","),
+		"NIXCAGE_BYTES_OUT":        strconv.FormatInt(r.BytesOut, 10),
+		"NIXCAGE_BYTES_IN":         strconv.FormatInt(r.BytesIn, 10),
+		"NIXCAGE_DURATION_MS":      strconv.FormatInt(r.DurationMS, 10),
+	}
+}

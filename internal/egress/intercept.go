@@ -1,0 +1,158 @@
+package egress
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nixcage/nixcage/internal/egress/audit"
+	"github.com/nixcage/nixcage/internal/policy"
+)
+
+func contextBackground() context.Context { return context.Background() }
+
+// countConn counts bytes through a connection.
+type countConn struct {
+	net.Conn
+	in, out atomic.Int64
+}
+
+func (c *countConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.out.Add(int64(n)) // bytes the agent sent
+	return n, err
+}
+
+func (c *countConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	c.in.Add(int64(n))
+	return n, err
+}
+
+// oneConnListener hands out one connection, then blocks until it is done.
+type oneConnListener struct {
+	conn net.Conn
+	once sync.Once
+	done chan struct{}
+}
+
+func (l *oneConnListener) Accept() (net.Conn, error) {
+	var c net.Conn
+	l.once.Do(func() { c = l.conn })
+	if c != nil {
+		return c, nil
+	}
+	<-l.done
+	return nil, net.ErrClosed
+}
+func (l *oneConnListener) Close() error   { return nil }
+func (l *oneConnListener) Addr() net.Addr { return l.conn.LocalAddr() }
+
+// intercept terminates the agent's TLS with a leaf from the cage CA and
+// serves the requests inside through the inspection pipeline.
+func (g *Gateway) intercept(raw net.Conn, pre []byte, t *target, rec audit.Record, start time.Time) {
+	cc := &countConn{Conn: withPrefix(raw, pre)}
+	var sniErr error
+	conf := &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		NextProtos: []string{"h2", "http/1.1"},
+		GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) {
+			if h.ServerName != "" && policy.Normalize(h.ServerName) != t.host {
+				sniErr = fmt.Errorf("TLS SNI %q does not match CONNECT host %q (domain fronting)", h.ServerName, t.host)
+				return nil, sniErr
+			}
+			return g.opts.CA.Leaf(t.host)
+		},
+	}
+	tc := tls.Server(cc, conf)
+	ctx, cancel := context.WithTimeout(context.Background(), handshakeTimeout)
+	err := tc.HandshakeContext(ctx)
+	cancel()
+	finish := func(decision, rule, reason string) {
+		rec.Decision, rec.Rule, rec.Reason = decision, rule, reason
+		rec.BytesOut, rec.BytesIn = cc.out.Load(), cc.in.Load()
+		rec.DurationMS = time.Since(start).Milliseconds()
+		g.logAudit(rec)
+	}
+	if err != nil {
+		if sniErr != nil {
+			finish(audit.Blocked, "sni-mismatch", sniErr.Error())
+		} else {
+			finish(audit.Blocked, "tls-handshake", "TLS handshake with the agent failed (does it trust the cage CA?): "+err.Error())
+		}
+		return
+	}
+	h2 := tc.ConnectionState().NegotiatedProtocol == "h2"
+	l := &oneConnListener{conn: tc, done: make(chan struct{})}
+	var closeOnce sync.Once
+	srv := &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			g.serveInner(w, r, t, h2)
+		}),
+		ReadHeaderTimeout: 30 * time.Second,
+		IdleTimeout:       t.st.idle,
+		MaxHeaderBytes:    t.st.maxHeader + 4096,
+		ConnState: func(_ net.Conn, s http.ConnState) {
+			if s == http.StateClosed || s == http.StateHijacked {
+				closeOnce.Do(func() { close(l.done) })
+			}
+		},
+	}
+	srv.SetKeepAlivesEnabled(true)
+	var p http.Protocols
+	p.SetHTTP1(true)
+	p.SetHTTP2(true)
+	srv.Protocols = &p
+	if err := srv.Serve(l); err != nil && !errors.Is(err, net.ErrClosed) {
+		g.log.Debug("intercepted connection ended", "host", t.host, "err", err)
+	}
+	finish(audit.Allowed, t.rule, "intercepted tunnel to "+t.host+" closed")
+}
+
+// serveInner handles one request inside an intercepted tunnel.
+func (g *Gateway) serveInner(w http.ResponseWriter, r *http.Request, t *target, h2 bool) {
+	start := time.Now()
+	rec := audit.Record{Method: r.Method, Host: t.host, Port: t.port, Path: r.URL.Path, Rule: t.rule}
+	if r.Method == http.MethodConnect {
+		g.refuse(w, rec, block(http.StatusForbidden, "connect-in-connect", "CONNECT inside a tunnel is not allowed"), start)
+		return
+	}
+	if r.RequestURI != "*" && len(r.RequestURI) > 0 && r.RequestURI[0] != '/' && !h2 {
+		g.refuse(w, rec, block(http.StatusForbidden, "proxy-chaining", "absolute-form request inside a tunnel (proxy chaining) is not allowed"), start)
+		return
+	}
+	host, port, err := splitAuthority(r.Host, t.port)
+	if err != nil || host != t.host || port != t.port {
+		g.refuse(w, rec, block(http.StatusMisdirectedRequest, "host-mismatch", "Host %q does not match CONNECT authority %s (domain fronting)", r.Host, hostPort(t.host, t.port)), start)
+		return
+	}
+	// Re-read the state: a reload between requests in a long tunnel applies
+	// to the next request (a newly denied host stops here).
+	st := g.st.Load()
+	if st != t.st {
+		dec := st.pol.Decide(t.host, t.port, http.MethodConnect)
+		if dec.Result != policy.Allow {
+			g.refuse(w, rec, block(http.StatusForbidden, dec.Rule, "%s", dec.Reason), start)
+			return
+		}
+		nt := *t
+		nt.st, nt.rule = st, dec.Rule
+		t = &nt
+		rec.Rule = t.rule
+	}
+	if !t.st.limiter.allow(t.host) {
+		g.refuse(w, rec, block(http.StatusTooManyRequests, "rate-limit", "rate limit for %s exceeded", t.host), start)
+		return
+	}
+	tr := g.h1
+	if h2 {
+		tr = g.h2
+	}
+	g.forwardWith(w, r, t, rec, start, tr, "https")
+}

@@ -1,0 +1,233 @@
+package egress
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nixcage/nixcage/internal/egress/audit"
+	"github.com/nixcage/nixcage/internal/policy"
+)
+
+// Handler returns the HTTP handler of the proxy listener.
+func (g *Gateway) Handler() http.Handler { return http.HandlerFunc(g.serveProxy) }
+
+// NewProxyServer is the http.Server for a proxy listener. Header limits and
+// timeouts come from the policy in force at start; a slow client that does not
+// finish its request header in time is dropped.
+func (g *Gateway) NewProxyServer() *http.Server {
+	st := g.st.Load()
+	return &http.Server{
+		Handler:           g.Handler(),
+		ReadHeaderTimeout: min(30*time.Second, st.idle),
+		IdleTimeout:       st.idle,
+		// The handler enforces the policy limit with an audit record; this
+		// is the hard cap for headers too large to even parse.
+		MaxHeaderBytes: st.maxHeader + 4096,
+		ErrorLog:       nil,
+	}
+}
+
+// chainingHeaders ask a proxy to forward to another proxy or carry a hop
+// history: a cage has exactly one hop.
+var chainingHeaders = []string{"Via", "Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "Max-Forwards"}
+
+// hopHeaders are removed before forwarding (RFC 9110 §7.6.1 plus proxy ones).
+var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+// blockedErr is a refusal with its HTTP status, reason and rule.
+type blockedErr struct {
+	status int
+	reason string
+	rule   string
+}
+
+func (b *blockedErr) Error() string { return b.reason }
+
+func block(status int, rule, format string, args ...any) *blockedErr {
+	return &blockedErr{status: status, reason: fmt.Sprintf(format, args...), rule: rule}
+}
+
+// refuse writes a refusal the agent can read and audits it.
+func (g *Gateway) refuse(w http.ResponseWriter, rec audit.Record, b *blockedErr, start time.Time) {
+	rec.Decision, rec.Reason, rec.Rule = audit.Blocked, b.reason, b.rule
+	rec.DurationMS = time.Since(start).Milliseconds()
+	g.logAudit(rec)
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Nixcage-Egress", "blocked")
+	w.Header().Set("Connection", "close")
+	w.WriteHeader(b.status)
+	fmt.Fprintf(w, "nixcage egress: blocked: %s\n", b.reason)
+}
+
+func (g *Gateway) logAudit(rec audit.Record) {
+	if err := g.opts.Audit.Log(rec); err != nil {
+		g.log.Error("audit write failed", "err", err)
+	}
+}
+
+func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	st := g.st.Load()
+	if r.Method == http.MethodConnect {
+		g.handleConnect(w, r, st, start)
+		return
+	}
+	rec := audit.Record{Method: r.Method, Path: r.URL.Path}
+	if !r.URL.IsAbs() {
+		rec.Host = r.Host
+		g.refuse(w, rec, block(http.StatusBadRequest, "not-a-proxy-request", "this is a forward proxy: send absolute-form requests (http://host/...) or CONNECT"), start)
+		return
+	}
+	if r.URL.Scheme != "http" {
+		rec.Host = r.URL.Hostname()
+		g.refuse(w, rec, block(http.StatusBadRequest, "scheme", "scheme %q: use CONNECT for https", r.URL.Scheme), start)
+		return
+	}
+	host, port, err := splitAuthority(r.URL.Host, policy.DefaultHTTPPort)
+	rec.Host, rec.Port = host, port
+	if err != nil {
+		g.refuse(w, rec, block(http.StatusBadRequest, "authority", "%v", err), start)
+		return
+	}
+	dec := st.pol.Decide(host, port, r.Method)
+	if dec.Result != policy.Allow {
+		g.refuse(w, rec, block(http.StatusForbidden, dec.Rule, "%s", dec.Reason), start)
+		return
+	}
+	rec.Rule = dec.Rule
+	dst, err := g.resolve(r.Context(), st, host, port)
+	if err != nil {
+		g.refuse(w, rec, resolveBlock(err), start)
+		return
+	}
+	t := &target{st: st, host: host, port: port, dst: dst, rule: dec.Rule}
+	g.forward(w, r, t, rec, start)
+}
+
+func resolveBlock(err error) *blockedErr {
+	var ref errRefused
+	if errors.As(err, &ref) {
+		return block(http.StatusForbidden, "address", "%v", err)
+	}
+	return block(http.StatusBadGateway, "resolve", "%v", err)
+}
+
+// splitAuthority parses host[:port], normalizing the host.
+func splitAuthority(auth string, defPort int) (string, int, error) {
+	host, ps, err := net.SplitHostPort(auth)
+	if err != nil {
+		host, ps = auth, strconv.Itoa(defPort)
+		if strings.Count(auth, ":") > 0 && !strings.HasPrefix(auth, "[") {
+			return "", 0, fmt.Errorf("authority %q: want host:port", auth)
+		}
+		host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	}
+	port, err := strconv.Atoi(ps)
+	if err != nil || port < 1 || port > 65535 {
+		return "", 0, fmt.Errorf("authority %q: bad port", auth)
+	}
+	if host == "" {
+		return "", 0, fmt.Errorf("authority %q: empty host", auth)
+	}
+	return policy.Normalize(host), port, nil
+}
+
+func (g *Gateway) handleConnect(w http.ResponseWriter, r *http.Request, st *state, start time.Time) {
+	rec := audit.Record{Method: http.MethodConnect}
+	host, port, err := splitAuthority(r.Host, 0)
+	rec.Host, rec.Port = host, port
+	if err != nil {
+		g.refuse(w, rec, block(http.StatusBadRequest, "authority", "CONNECT %v", err), start)
+		return
+	}
+	for _, h := range chainingHeaders {
+		if r.Header.Get(h) != "" {
+			g.refuse(w, rec, block(http.StatusForbidden, "proxy-chaining", "header %s: proxy chaining is not allowed", h), start)
+			return
+		}
+	}
+	dec := st.pol.Decide(host, port, http.MethodConnect)
+	if dec.Result != policy.Allow {
+		g.refuse(w, rec, block(http.StatusForbidden, dec.Rule, "%s", dec.Reason), start)
+		return
+	}
+	rec.Rule = dec.Rule
+	if !st.limiter.allow(host) {
+		g.refuse(w, rec, block(http.StatusTooManyRequests, "rate-limit", "rate limit for %s exceeded", host), start)
+		return
+	}
+	if n := g.tunnels.Add(1); n > int64(st.maxTun) {
+		g.tunnels.Add(-1)
+		g.refuse(w, rec, block(http.StatusServiceUnavailable, "max-tunnels", "%d tunnels open, limit %d", n-1, st.maxTun), start)
+		return
+	}
+	defer g.tunnels.Add(-1)
+	dst, err := g.resolve(r.Context(), st, host, port)
+	if err != nil {
+		g.refuse(w, rec, resolveBlock(err), start)
+		return
+	}
+	rc := http.NewResponseController(w)
+	conn, brw, err := rc.Hijack()
+	if err != nil {
+		g.refuse(w, rec, block(http.StatusInternalServerError, "hijack", "cannot take over connection: %v", err), start)
+		return
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Time{})
+	if _, err := io.WriteString(conn, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+		return
+	}
+	var pre []byte
+	if n := brw.Reader.Buffered(); n > 0 {
+		pre, _ = brw.Reader.Peek(n)
+		pre = append([]byte(nil), pre...)
+	}
+	t := &target{st: st, host: host, port: port, dst: dst, rule: dec.Rule, tls: true}
+	if st.intercepts(host) {
+		g.intercept(conn, pre, t, rec, start)
+		return
+	}
+	g.tunnel(conn, pre, t, rec, start)
+}
+
+// target is a vetted destination.
+type target struct {
+	st   *state
+	host string
+	port int
+	dst  netip.AddrPort
+	rule string
+	tls  bool // the agent's connection to the host is TLS end to end
+}
+
+// prefixConn replays bytes read ahead before reading from the connection.
+type prefixConn struct {
+	net.Conn
+	r io.Reader
+}
+
+func (c *prefixConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+func withPrefix(c net.Conn, pre []byte) net.Conn {
+	if len(pre) == 0 {
+		return c
+	}
+	return &prefixConn{Conn: c, r: io.MultiReader(bufioFrom(pre), c)}
+}
+
+func bufioFrom(b []byte) io.Reader { return bufio.NewReader(strings.NewReader(string(b))) }
+
+// ctxWithDst carries the vetted destination to the transports' dialer.
+func ctxWithDst(ctx context.Context, t *target) context.Context {
+	return context.WithValue(ctx, dstKey{}, dstInfo{st: t.st, dst: t.dst})
+}

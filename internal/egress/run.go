@@ -1,0 +1,392 @@
+package egress
+
+import (
+	"bufio"
+	"context"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/coreos/go-systemd/v22/activation"
+	"github.com/coreos/go-systemd/v22/daemon"
+	"github.com/miekg/dns"
+
+	"github.com/nixcage/nixcage/internal/egress/audit"
+	"github.com/nixcage/nixcage/internal/egress/ca"
+	"github.com/nixcage/nixcage/internal/egress/dnsfilter"
+	"github.com/nixcage/nixcage/internal/paths"
+	"github.com/nixcage/nixcage/internal/policy"
+	"github.com/nixcage/nixcage/internal/stdio"
+)
+
+// Stdio is the program's view of the terminal.
+type Stdio = stdio.Stdio
+
+// Socket-activation fd names (FileDescriptorName= in the socket units).
+const (
+	FDProxy = paths.FDProxy
+	FDDNS   = paths.FDDNS
+)
+
+const usage = `usage:
+  cage-egress --config FILE [--listen-proxy ADDR] [--listen-dns ADDR] [--resolver ADDR] [--upstream-ca FILE]
+  cage-egress prepare --config FILE
+
+Listeners come from socket activation (fd names "proxy" and "dns") or from
+the --listen-* flags. Secrets are read from $CREDENTIALS_DIRECTORY.`
+
+// Run is cage-egress.
+func Run(ctx context.Context, args []string, stdio Stdio) error {
+	if len(args) > 0 && args[0] == "prepare" {
+		return runPrepare(args[1:], stdio)
+	}
+	return runServe(ctx, args, stdio)
+}
+
+func newFlags(name string, stdio Stdio) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stdio.Err)
+	fs.Usage = func() { fmt.Fprintln(stdio.Err, usage) }
+	return fs
+}
+
+func runPrepare(args []string, stdio Stdio) error {
+	fs := newFlags("prepare", stdio)
+	config := fs.String("config", "", "egress runtime document (JSON)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *config == "" || fs.NArg() > 0 {
+		return fmt.Errorf("prepare: want --config FILE and no arguments")
+	}
+	rt, err := policy.Load(*config)
+	if err != nil {
+		return err
+	}
+	res, err := Prepare(rt, os.Getenv("CREDENTIALS_DIRECTORY"))
+	if err != nil {
+		return err
+	}
+	ca := "kept"
+	if res.CACreated {
+		ca = "created"
+	}
+	fmt.Fprintf(stdio.Out, "prepared agent %s: CA %s in %s; placeholders for %d secrets\n", rt.Agent, ca, rt.CADir, len(res.Placeholders))
+	return nil
+}
+
+type serveFlags struct {
+	config, listenProxy, listenDNS, resolver, upstreamCA, logLevel string
+}
+
+func runServe(ctx context.Context, args []string, stdio Stdio) error {
+	fs := newFlags("cage-egress", stdio)
+	var f serveFlags
+	fs.StringVar(&f.config, "config", "", "egress runtime document (JSON)")
+	fs.StringVar(&f.listenProxy, "listen-proxy", "", "proxy listen address when not socket-activated")
+	fs.StringVar(&f.listenDNS, "listen-dns", "", "DNS listen address (UDP and TCP) when not socket-activated")
+	fs.StringVar(&f.resolver, "resolver", "", "upstream DNS server host:port (default: first nameserver in /etc/resolv.conf)")
+	fs.StringVar(&f.upstreamCA, "upstream-ca", "", "PEM file of extra roots trusted for intercepted upstreams")
+	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q\n%s", fs.Arg(0), usage)
+	}
+	if f.config == "" {
+		return fmt.Errorf("missing --config FILE\n%s", usage)
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	log := slog.New(slog.NewTextHandler(stdio.Err, &slog.HandlerOptions{Level: level}))
+
+	// Everything that can be wrong with the configuration is checked before
+	// a single listener is served: fail closed.
+	rt, err := policy.Load(f.config)
+	if err != nil {
+		return err
+	}
+	credDir := os.Getenv("CREDENTIALS_DIRECTORY")
+	authority, err := loadCA(rt, credDir)
+	if err != nil {
+		return err
+	}
+	resolverAddr := f.resolver
+	if resolverAddr == "" {
+		if resolverAddr, err = systemResolver("/etc/resolv.conf"); err != nil {
+			return err
+		}
+	} else if _, _, err := net.SplitHostPort(resolverAddr); err != nil {
+		return fmt.Errorf("--resolver %q: want host:port, e.g. 127.0.0.53:53", resolverAddr)
+	}
+	var roots *x509.CertPool
+	if f.upstreamCA != "" {
+		roots, err = x509.SystemCertPool()
+		if err != nil {
+			roots = x509.NewCertPool()
+		}
+		pem, err := os.ReadFile(f.upstreamCA)
+		if err != nil {
+			return fmt.Errorf("--upstream-ca: %w", err)
+		}
+		if !roots.AppendCertsFromPEM(pem) {
+			return fmt.Errorf("--upstream-ca %s: no PEM certificates", f.upstreamCA)
+		}
+	}
+	al, err := audit.Open(rt.Agent, rt.AuditFile, audit.UnderSystemd())
+	if err != nil {
+		return err
+	}
+	defer al.Close()
+	g, err := New(rt, Options{
+		CredentialsDir: credDir,
+		Resolver:       dnsResolver(resolverAddr),
+		UpstreamRoots:  roots,
+		Audit:          al,
+		CA:             authority,
+		Log:            log,
+	})
+	if err != nil {
+		return err
+	}
+	ls, err := listeners(f)
+	if err != nil {
+		return err
+	}
+	defer ls.close()
+	if len(ls.proxy) == 0 {
+		return fmt.Errorf("no proxy listener: pass --listen-proxy ADDR or run socket-activated with FileDescriptorName=%s", FDProxy)
+	}
+	for _, l := range ls.proxy {
+		g.addListener(l.Addr())
+	}
+	errc := make(chan error, len(ls.proxy)+len(ls.dnsTCP)+len(ls.dnsUDP))
+	var servers []*http.Server
+	for _, l := range ls.proxy {
+		srv := g.NewProxyServer()
+		servers = append(servers, srv)
+		go func() { errc <- srv.Serve(l) }()
+	}
+	filter := &dnsfilter.Filter{Current: g.dnsConfig, Upstream: resolverAddr, Audit: al}
+	var dnsServers []*dns.Server
+	for _, l := range ls.dnsTCP {
+		s := &dns.Server{Listener: l, Handler: filter, Net: "tcp"}
+		dnsServers = append(dnsServers, s)
+		go func() { errc <- s.ActivateAndServe() }()
+	}
+	for _, pc := range ls.dnsUDP {
+		s := &dns.Server{PacketConn: pc, Handler: filter, Net: "udp"}
+		dnsServers = append(dnsServers, s)
+		go func() { errc <- s.ActivateAndServe() }()
+	}
+	log.Info("cage-egress serving", "agent", rt.Agent, "proxy", addrs(ls.proxy), "dns", addrs(ls.dnsTCP), "dns_udp", len(ls.dnsUDP), "resolver", resolverAddr)
+	_, _ = daemon.SdNotify(false, daemon.SdNotifyReady)
+
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	for {
+		select {
+		case <-ctx.Done():
+			_, _ = daemon.SdNotify(false, daemon.SdNotifyStopping)
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			for _, s := range servers {
+				_ = s.Shutdown(sctx)
+			}
+			for _, s := range dnsServers {
+				_ = s.ShutdownContext(sctx)
+			}
+			cancel()
+			return nil
+		case <-hup:
+			_, _ = daemon.SdNotify(false, daemon.SdNotifyReloading)
+			if err := reload(g, f.config); err != nil {
+				log.Error("reload refused; previous configuration stays in force", "err", err)
+			} else {
+				log.Info("configuration reloaded", "config", f.config)
+			}
+			_, _ = daemon.SdNotify(false, daemon.SdNotifyReady)
+		case err := <-errc:
+			if err != nil && !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("listener failed: %w", err)
+			}
+		}
+	}
+}
+
+func reload(g *Gateway, path string) error {
+	rt, err := policy.Load(path)
+	if err != nil {
+		return err
+	}
+	return g.Reload(rt)
+}
+
+func (g *Gateway) dnsConfig() dnsfilter.Config {
+	st := g.st.Load()
+	return dnsfilter.Config{Policy: st.pol, Guard: st.guard}
+}
+
+// loadCA finds the CA key: the LoadCredential= copy first, then CADir. With
+// no CADir the gateway keeps its own CA in $STATE_DIRECTORY, created on
+// first start (standalone use).
+func loadCA(rt *policy.Runtime, credDir string) (*ca.Authority, error) {
+	dir := rt.CADir
+	if dir == "" {
+		state := os.Getenv("STATE_DIRECTORY")
+		if state == "" {
+			if len(InterceptHosts(rt)) > 0 {
+				return nil, fmt.Errorf("egress config has no ca_dir and $STATE_DIRECTORY is unset: set ca_dir or run with StateDirectory=")
+			}
+			return nil, nil
+		}
+		dir = strings.Split(state, ":")[0]
+		if _, err := ca.Ensure(dir, "nixcage "+rt.Agent+" egress CA", ca.Constraints(InterceptHosts(rt))); err != nil {
+			return nil, err
+		}
+	}
+	key := filepath.Join(dir, ca.KeyFile)
+	if credDir != "" {
+		if _, err := os.Stat(filepath.Join(credDir, ca.KeyFile)); err == nil {
+			key = filepath.Join(credDir, ca.KeyFile)
+		}
+	}
+	a, err := ca.Load(key, filepath.Join(dir, ca.CertFile))
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) && len(InterceptHosts(rt)) == 0 {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("%w (run `cage-egress prepare --config FILE` first)", err)
+	}
+	return a, nil
+}
+
+// systemResolver returns the first nameserver in resolv.conf.
+func systemResolver(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", fmt.Errorf("find upstream resolver: %w; pass --resolver ADDR", err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) >= 2 && fields[0] == "nameserver" {
+			return net.JoinHostPort(fields[1], "53"), nil
+		}
+	}
+	return "", fmt.Errorf("no nameserver in %s; pass --resolver ADDR", path)
+}
+
+// dnsResolver resolves upstream names through one DNS server, ignoring
+// /etc/hosts: the gateway's view of a name is what DNS says, the same view
+// the cage's DNS filter answers from.
+func dnsResolver(addr string) *net.Resolver {
+	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, addr)
+	}}
+}
+
+type listenerSet struct {
+	proxy  []net.Listener
+	dnsTCP []net.Listener
+	dnsUDP []net.PacketConn
+}
+
+func (s *listenerSet) close() {
+	for _, l := range s.proxy {
+		l.Close()
+	}
+	for _, l := range s.dnsTCP {
+		l.Close()
+	}
+	for _, p := range s.dnsUDP {
+		p.Close()
+	}
+}
+
+func addrs(ls []net.Listener) string {
+	var out []string
+	for _, l := range ls {
+		out = append(out, l.Addr().String())
+	}
+	return strings.Join(out, ",")
+}
+
+// listeners collects socket-activated fds by name, then flag listeners.
+func listeners(f serveFlags) (*listenerSet, error) {
+	s := &listenerSet{}
+	for _, file := range activation.Files(true) {
+		name := file.Name()
+		typ, err := syscall.GetsockoptInt(int(file.Fd()), syscall.SOL_SOCKET, syscall.SO_TYPE)
+		if err != nil {
+			s.close()
+			return nil, fmt.Errorf("activated fd %s: not a socket: %w", name, err)
+		}
+		switch {
+		case name == FDProxy && typ == syscall.SOCK_STREAM:
+			l, err := net.FileListener(file)
+			if err != nil {
+				s.close()
+				return nil, fmt.Errorf("activated fd %s: %w", name, err)
+			}
+			s.proxy = append(s.proxy, l)
+		case name == FDDNS && typ == syscall.SOCK_STREAM:
+			l, err := net.FileListener(file)
+			if err != nil {
+				s.close()
+				return nil, fmt.Errorf("activated fd %s: %w", name, err)
+			}
+			s.dnsTCP = append(s.dnsTCP, l)
+		case name == FDDNS && typ == syscall.SOCK_DGRAM:
+			pc, err := net.FilePacketConn(file)
+			if err != nil {
+				s.close()
+				return nil, fmt.Errorf("activated fd %s: %w", name, err)
+			}
+			s.dnsUDP = append(s.dnsUDP, pc)
+		default:
+			s.close()
+			return nil, fmt.Errorf("activated fd %q (socket type %d) is unexpected; name sockets FileDescriptorName=%s (stream) or %s (stream and datagram)", name, typ, FDProxy, FDDNS)
+		}
+		file.Close()
+	}
+	if f.listenProxy != "" {
+		l, err := net.Listen("tcp", f.listenProxy)
+		if err != nil {
+			s.close()
+			return nil, fmt.Errorf("--listen-proxy: %w", err)
+		}
+		s.proxy = append(s.proxy, l)
+	}
+	if f.listenDNS != "" {
+		l, err := net.Listen("tcp", f.listenDNS)
+		if err != nil {
+			s.close()
+			return nil, fmt.Errorf("--listen-dns: %w", err)
+		}
+		s.dnsTCP = append(s.dnsTCP, l)
+		// Same port for UDP, so a :0 port picks one free for both.
+		pc, err := net.ListenPacket("udp", l.Addr().String())
+		if err != nil {
+			s.close()
+			return nil, fmt.Errorf("--listen-dns udp: %w", err)
+		}
+		s.dnsUDP = append(s.dnsUDP, pc)
+	}
+	return s, nil
+}

@@ -1,0 +1,161 @@
+package egress
+
+import (
+	"bytes"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/nixcage/nixcage/internal/egress/audit"
+	"github.com/nixcage/nixcage/internal/policy"
+)
+
+var errSNICaptured = errors.New("sni captured")
+
+// recordConn is a read-only view of a connection that keeps what it read;
+// writes are dropped so the throwaway TLS server cannot answer the client.
+type recordConn struct {
+	net.Conn
+	r   io.Reader
+	buf bytes.Buffer
+}
+
+func (c *recordConn) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.buf.Write(p[:n])
+	return n, err
+}
+func (c *recordConn) Write(p []byte) (int, error) { return len(p), nil }
+
+// peekClientHello reads the client's TLS ClientHello and returns its SNI and
+// every byte read, to be replayed upstream. ok is false if the bytes are not
+// a TLS ClientHello. Parsing is crypto/tls's own, so nothing hand-rolled
+// stands between the agent's bytes and the hostname check.
+func peekClientHello(conn net.Conn, pre []byte) (sni string, raw []byte, ok bool) {
+	rc := &recordConn{Conn: conn, r: io.MultiReader(bytes.NewReader(pre), conn)}
+	_ = conn.SetReadDeadline(time.Now().Add(handshakeTimeout))
+	defer conn.SetReadDeadline(time.Time{})
+	var got bool
+	srv := tls.Server(rc, &tls.Config{GetConfigForClient: func(h *tls.ClientHelloInfo) (*tls.Config, error) {
+		sni, got = h.ServerName, true
+		return nil, errSNICaptured
+	}})
+	_ = srv.Handshake()
+	return sni, rc.buf.Bytes(), got
+}
+
+// tunnel relays an allowed, non-intercepted CONNECT after checking that the
+// client's TLS SNI names the CONNECT host: a tunnel carries TLS to the host
+// the policy allowed, nothing else (no plain bytes, no fronting).
+func (g *Gateway) tunnel(conn net.Conn, pre []byte, t *target, rec audit.Record, start time.Time) {
+	done := func(decision, rule, reason string, out, in int64) {
+		rec.Decision, rec.Rule, rec.Reason = decision, rule, reason
+		rec.BytesOut, rec.BytesIn = out, in
+		rec.DurationMS = time.Since(start).Milliseconds()
+		g.logAudit(rec)
+	}
+	sni, hello, ok := peekClientHello(conn, pre)
+	switch {
+	case !ok:
+		done(audit.Blocked, "not-tls", "tunnel payload is not a TLS ClientHello; tunnels carry TLS only", int64(len(hello)), 0)
+		return
+	case sni == "":
+		done(audit.Blocked, "sni-missing", "TLS ClientHello without SNI; the server name must match the CONNECT host", int64(len(hello)), 0)
+		return
+	case policy.Normalize(sni) != t.host:
+		done(audit.Blocked, "sni-mismatch", fmt.Sprintf("TLS SNI %q does not match CONNECT host %q (domain fronting)", sni, t.host), int64(len(hello)), 0)
+		return
+	}
+	up, err := g.dial(contextBackground(), t.st, t.dst)
+	if err != nil {
+		done(audit.Blocked, "dial", "dial upstream: "+err.Error(), 0, 0)
+		return
+	}
+	defer up.Close()
+	if _, err := up.Write(hello); err != nil {
+		done(audit.Blocked, "dial", "write upstream: "+err.Error(), 0, 0)
+		return
+	}
+	out, in, err := splice(conn, up, t.st.idle)
+	reason := "tunnel to " + t.host + " closed"
+	if errors.Is(err, errIdle) {
+		reason = "tunnel to " + t.host + " closed after idle timeout"
+	}
+	done(audit.Allowed, t.rule, reason, out+int64(len(hello)), in)
+}
+
+var errIdle = errors.New("idle timeout")
+
+// splice copies both ways until both sides are done or the tunnel has been
+// idle (no byte in either direction) for idle. It copies in chunks with
+// io.CopyN so the kernel's splice(2) path stays in use between deadline
+// refreshes.
+func splice(client, up net.Conn, idle time.Duration) (out, in int64, err error) {
+	var last atomic.Int64
+	last.Store(time.Now().UnixNano())
+	// One direction runs on the caller's goroutine: a held tunnel costs
+	// one extra goroutine, not two.
+	var errOut, errIn error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		out, errOut = pipe(up, client, idle, &last)
+		closeWrite(up)
+		if errOut != nil {
+			client.Close()
+			up.Close()
+		}
+	}()
+	in, errIn = pipe(client, up, idle, &last)
+	closeWrite(client)
+	if errIn != nil {
+		client.Close()
+		up.Close()
+	}
+	<-done
+	if errors.Is(errOut, errIdle) || errors.Is(errIn, errIdle) {
+		return out, in, errIdle
+	}
+	return out, in, errors.Join(errOut, errIn)
+}
+
+const chunk = 1 << 20
+
+func pipe(dst, src net.Conn, idle time.Duration, last *atomic.Int64) (int64, error) {
+	var total int64
+	for {
+		_ = src.SetReadDeadline(time.Now().Add(idle))
+		n, err := io.CopyN(dst, src, chunk)
+		total += n
+		if n > 0 {
+			last.Store(time.Now().UnixNano())
+		}
+		switch {
+		case err == nil:
+			continue
+		case errors.Is(err, io.EOF):
+			return total, nil
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			if time.Since(time.Unix(0, last.Load())) < idle {
+				continue
+			}
+			return total, errIdle
+		default:
+			if errors.Is(err, net.ErrClosed) {
+				return total, nil
+			}
+			return total, err
+		}
+	}
+}
+
+func closeWrite(c net.Conn) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	}
+}

@@ -1,0 +1,50 @@
+package policy
+
+import "testing"
+
+func TestDecide(t *testing.T) {
+	p := &Policy{
+		Allow:   []string{"*.example.com", "api.anthropic.com", "*.internal.example.com"},
+		Deny:    []string{"evil.example.com", "*.internal.example.com"},
+		Ports:   []int{8443},
+		Inspect: []string{"api.anthropic.com"},
+	}
+	cases := []struct {
+		name, host, method string
+		port               int
+		result             Result
+		rule               string
+		intercept          bool
+	}{
+		{"allowed wildcard", "a.example.com", "CONNECT", 443, Allow, "allow:*.example.com", false},
+		{"wildcard excludes apex", "example.com", "CONNECT", 443, Deny, "default-deny", false},
+		{"deny wins over allow", "evil.example.com", "CONNECT", 443, Deny, "deny:evil.example.com", false},
+		{"deny wildcard wins", "db.internal.example.com", "GET", 80, Deny, "deny:*.internal.example.com", false},
+		{"not listed", "example.org", "CONNECT", 443, Deny, "default-deny", false},
+		{"intercepted", "api.anthropic.com", "CONNECT", 443, Allow, "allow:api.anthropic.com", true},
+		{"CONNECT port 22", "a.example.com", "CONNECT", 22, Deny, "port", false},
+		{"CONNECT port 80 not implied", "a.example.com", "CONNECT", 80, Deny, "port", false},
+		{"listed port", "a.example.com", "CONNECT", 8443, Allow, "allow:*.example.com", false},
+		{"plain HTTP 80", "a.example.com", "GET", 80, Allow, "allow:*.example.com", false},
+		{"plain HTTP to 443 not implied", "a.example.com", "GET", 443, Deny, "port", false},
+		{"IPv4 literal", "93.184.216.34", "CONNECT", 443, Deny, "ip-literal", false},
+		{"IPv6 literal", "2001:db8::1", "CONNECT", 443, Deny, "ip-literal", false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d := p.Decide(c.host, c.port, c.method)
+			if d.Result != c.result || d.Rule != c.rule || d.Intercept != c.intercept || d.Reason == "" {
+				t.Fatalf("Decide(%s, %d, %s) = %+v, want %s %s intercept=%v", c.host, c.port, c.method, d, c.result, c.rule, c.intercept)
+			}
+		})
+	}
+}
+
+func TestAllowsName(t *testing.T) {
+	p := &Policy{Allow: []string{"*.example.com"}, Deny: []string{"x.example.com"}}
+	for name, want := range map[string]bool{"a.example.com": true, "x.example.com": false, "example.com": false, "a.example.org": false} {
+		if got, rule := p.AllowsName(name); got != want || rule == "" {
+			t.Errorf("AllowsName(%s) = %v %q, want %v", name, got, rule, want)
+		}
+	}
+}
