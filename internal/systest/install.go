@@ -68,19 +68,10 @@ type Workaround struct {
 	Contents string
 }
 
-// BundleWorkaround: the renderer binds <ca_dir>/bundle.crt (system roots +
-// cage CA) into cages, but `cage-egress prepare` writes only ca.crt/ca.key.
-// The drop-in makes the bundle after prepare when prepare did not.
-var BundleWorkaround = Workaround{
-	Why:  "cage-egress prepare does not write <ca_dir>/bundle.crt, which the rendered agent unit binds at /etc/nixcage/ca-bundle.crt",
-	Path: "/etc/systemd/system/nixcage-prep@.service.d/90-systest-bundle.conf",
-	Contents: "[Service]\nExecStartPost=/bin/sh -c 'test -e /var/lib/nixcage/egress/%i/bundle.crt || " +
-		"cat /etc/ssl/certs/ca-certificates.crt /var/lib/nixcage/egress/%i/ca.crt > /var/lib/nixcage/egress/%i/bundle.crt'\n",
-}
-
-// KnownWorkarounds are the ones in force. Each drop-in only acts when the
-// problem is present, so a fixed component makes it a no-op.
-func KnownWorkarounds() []Workaround { return []Workaround{BundleWorkaround} }
+// KnownWorkarounds are the ones in force (none at the moment: the last one,
+// a missing CA bundle, was fixed in cage-egress prepare). Each drop-in must
+// only act when its problem is present, so a fixed component makes it a no-op.
+func KnownWorkarounds() []Workaround { return nil }
 
 // Apply installs the drop-in and reloads systemd.
 func (w Workaround) Apply(ctx context.Context, m *Machine) error {
