@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/nixcage/nixcage/internal/systest"
+	"github.com/nixcage/nixcage/internal/systest/demo"
 	"github.com/nixcage/nixcage/internal/systest/probe"
 )
 
@@ -175,5 +176,23 @@ func TestFakeInternet(t *testing.T) {
 	}
 	if !seen {
 		t.Fatalf("upstream did not log the request: %+v", rs)
+	}
+}
+
+// TestDemoQuickstart runs the README's quick start (checks/demo.sh without
+// the host setup) in-process: examples/quickstart.hcl, agent "demo". The
+// demo itself fails unless the cage behaved as documented.
+func TestDemoQuickstart(t *testing.T) {
+	systest.RootfsT(t)
+	var out strings.Builder
+	err := demo.Run(t.Context(), nil, &out)
+	t.Log(out.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"exfiltration refused", "real key received by: [api.example.com]", "blocked  CONNECT  evil.example.org:443"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("demo output lacks %q", want)
+		}
 	}
 }

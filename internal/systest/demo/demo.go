@@ -146,17 +146,41 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	var problems []string
+	realTo := map[string]bool{}
+	evil := 0
 	for _, r := range reqs {
+		if r.Host == "evil.example.org" || r.SNI == "evil.example.org" || strings.HasPrefix(r.Name, "evil.example.org") {
+			evil++
+		}
 		if r.Kind == "dns" {
 			continue
 		}
 		auth := strings.Join(r.Headers["Authorization"], ",")
+		if strings.Contains(fmt.Sprint(r.Headers), secretValue) || strings.Contains(r.Body, secretValue) {
+			realTo[r.Host] = true
+		}
 		fmt.Fprintf(out, "  %s %s %s%s  Authorization: %q\n", r.Kind, r.Method, r.Host, r.Path, auth)
 	}
 	if len(reqs) == 0 {
 		fmt.Fprintln(out, "  nothing")
 	}
-	fmt.Fprintln(out, "  (the real key reached api.example.com only; evil.example.org received nothing)")
+	var hosts []string
+	for h := range realTo {
+		hosts = append(hosts, h)
+	}
+	fmt.Fprintf(out, "  real key received by: %v; anything received from the cage by evil.example.org: %d\n", hosts, evil)
+	if evil > 0 {
+		problems = append(problems, "evil.example.org was reached")
+	}
+	for _, h := range hosts {
+		if h != "api.example.com" {
+			problems = append(problems, "the real key reached "+h)
+		}
+	}
+	if strings.Contains(journal, secretValue) {
+		problems = append(problems, "the real key appeared in the agent's output")
+	}
 
 	if help, _ := m.Run(ctx, "cagectl", "help"); strings.Contains(help, "status") {
 		step("cagectl status")
@@ -172,11 +196,18 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		fmt.Fprintf(out, "  %v\n", err)
 	}
+	if strings.Contains(string(data), secretValue) {
+		problems = append(problems, "the real key is in the audit log")
+	}
+	auditedBlock := false
 	sc := bufio.NewScanner(strings.NewReader(string(data)))
 	for sc.Scan() {
 		var r map[string]any
 		if json.Unmarshal(sc.Bytes(), &r) != nil {
 			continue
+		}
+		if r["host"] == "evil.example.org" && r["decision"] == "blocked" {
+			auditedBlock = true
 		}
 		fmt.Fprintf(out, "  %-8v %-8v %s:%v %v  (%v)", r["decision"], r["method"], r["host"], r["port"], r["path"], r["reason"])
 		if inj, ok := r["secrets_injected"].([]any); ok && len(inj) > 0 {
@@ -185,13 +216,22 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 		fmt.Fprintln(out)
 	}
 
+	if !auditedBlock {
+		problems = append(problems, "no blocked record for evil.example.org in the audit log")
+	}
+	if st.Result != "success" {
+		problems = append(problems, "the agent unit ended with result "+st.Result)
+	}
+	if len(problems) > 0 {
+		err = fmt.Errorf("the cage did not behave as the quick start says: %s", strings.Join(problems, "; "))
+	}
 	if *keep {
 		step("machine %s left running", m.Name)
 		fmt.Fprintf(out, "  enter it:      nsenter --target %d --all -- bash -l\n", m.Leader)
 		fmt.Fprintf(out, "  agent journal: nsenter --target %d --all -- journalctl -u %s\n", m.Leader, unit)
 		fmt.Fprintf(out, "  stop it:       kill -RTMIN+3 %d   (console log: %s)\n", m.Leader, consoleLog)
 	}
-	return nil
+	return err
 }
 
 func indent(s string) string {
