@@ -558,3 +558,39 @@ func TestGatewayDownFailsClosed(t *testing.T) {
 		t.Errorf("the fake internet received %d new requests with the gateway stopped: %+v", len(after)-len(before), after[len(before):])
 	}
 }
+
+// TestResourceLimits checks the limits a service cage runs under: rlimits
+// always, and the cgroup limits when this host gives the test machine the
+// controllers to enforce them.
+func TestResourceLimits(t *testing.T) {
+	checks := []string{"limit,Max core file size", "cgroup,memory.max", "cgroup,pids.max"}
+	e := bootNixcage(t, agentSpec{name: "svc", backend: "service", checks: checks})
+	got := e.runAgent(t, "svc")
+	if r := got["limit,Max core file size"]; !r.OK || r.Detail != "0 0" {
+		t.Errorf("core dumps in the cage: limit %q (%s), want 0 0", r.Detail, r.Error)
+	}
+	// What systemd was told (the config says memory 256M, tasks 64).
+	for prop, want := range map[string]string{"MemoryMax": "268435456", "TasksMax": "64"} {
+		if got := strings.TrimSpace(e.m.MustRun(t, "systemctl", "show", "-P", prop, systest.AgentUnit("svc"))); got != want {
+			t.Errorf("%s = %s, want %s", prop, got, want)
+		}
+	}
+	ctrl := strings.Fields(e.m.MustRun(t, "cat", "/sys/fs/cgroup/cgroup.controllers"))
+	has := func(c string) bool {
+		for _, x := range ctrl {
+			if x == c {
+				return true
+			}
+		}
+		return false
+	}
+	if !has("memory") || !has("pids") {
+		t.Skipf("enforcement not checkable here: the test machine has cgroup controllers %v (the host binds memory/pids to cgroup v1)", ctrl)
+	}
+	if r := got["cgroup,memory.max"]; r.Detail != "268435456" {
+		t.Errorf("memory.max in the cage's cgroup = %q (%s), want 268435456", r.Detail, r.Error)
+	}
+	if r := got["cgroup,pids.max"]; r.Detail != "64" {
+		t.Errorf("pids.max in the cage's cgroup = %q (%s), want 64", r.Detail, r.Error)
+	}
+}

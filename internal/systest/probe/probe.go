@@ -44,7 +44,7 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 		return serve(ctx, out)
 	}
 	if len(args) == 0 {
-		return errors.New("usage: cage-probe CHECK... | cage-probe serve (checks: id, env,NAME, dial,tcp|udp,ADDR, raw, ping,IP, packet, read,PATH, write,PATH, unix,PATH, dns,NAME, http,URL[,HEADER,VALUE], sleep,DURATION)")
+		return errors.New("usage: cage-probe CHECK... | cage-probe serve (checks: id, env,NAME, dial,tcp|udp,ADDR, raw, ping,IP, packet, read,PATH, write,PATH, unix,PATH, dns,NAME, http,URL[,HEADER,VALUE], sleep,DURATION, limit,NAME, cgroup,FILE)")
 	}
 	enc := json.NewEncoder(out)
 	for _, a := range args {
@@ -140,6 +140,17 @@ func check(ctx context.Context, spec string) Result {
 			cancel()
 			r.Detail = strings.Join(addrs, " ")
 		}
+	case "limit":
+		// limit,NAME: the soft and hard values of one /proc/self/limits row,
+		// e.g. limit,Max core file size.
+		if need(1) {
+			r.Detail, err = limit(a[0])
+		}
+	case "cgroup":
+		// cgroup,FILE: a file of the probe's own cgroup (v2), e.g. memory.max.
+		if need(1) {
+			r.Detail, err = cgroupFile(a[0])
+		}
 	case "sleep":
 		if need(1) {
 			var d time.Duration
@@ -189,6 +200,36 @@ func identity() (string, error) {
 		keep = append(keep, "uid_map: "+strings.Join(strings.Fields(string(m)), " "))
 	}
 	return strings.Join(keep, "; "), nil
+}
+
+func limit(name string) (string, error) {
+	data, err := os.ReadFile("/proc/self/limits")
+	if err != nil {
+		return "", err
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(line, name+" ") {
+			f := strings.Fields(strings.TrimPrefix(line, name))
+			if len(f) >= 2 {
+				return f[0] + " " + f[1], nil
+			}
+		}
+	}
+	return "", fmt.Errorf("no limit %q", name)
+}
+
+func cgroupFile(name string) (string, error) {
+	data, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return "", err
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if p, ok := strings.CutPrefix(line, "0::"); ok {
+			b, err := os.ReadFile("/sys/fs/cgroup" + p + "/" + name)
+			return strings.TrimSpace(string(b)), err
+		}
+	}
+	return "", errors.New("no cgroup v2 entry in /proc/self/cgroup")
 }
 
 func dial(ctx context.Context, network, addr string) (string, error) {
