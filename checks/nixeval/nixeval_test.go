@@ -254,7 +254,9 @@ func nixFiles(t *testing.T, dir string) []string {
 // to byte-identical trees: the Nix front door adds no second meaning.
 func TestExamples(t *testing.T) {
 	lib := nixpkgsLib(t)
-	for _, file := range nixFiles(t, "examples/nixos") {
+	// checks/nixeval/testdata/twins holds pairs that use every option.
+	files := append(nixFiles(t, "examples/nixos"), nixFiles(t, "checks/nixeval/testdata/twins")...)
+	for _, file := range files {
 		name := strings.TrimSuffix(filepath.Base(file), ".nix")
 		t.Run(name, func(t *testing.T) {
 			r := evalModule(t, lib, file)
@@ -274,7 +276,7 @@ func TestExamples(t *testing.T) {
 			}
 
 			twin := ""
-			for _, c := range []string{"examples/" + name + ".hcl", "docs/examples/" + name + ".hcl"} {
+			for _, c := range []string{"examples/" + name + ".hcl", "docs/examples/" + name + ".hcl", strings.TrimSuffix(file, ".nix") + ".hcl"} {
 				if _, err := os.Stat(filepath.Join(repoRoot, c)); err == nil {
 					twin = filepath.Join(repoRoot, c)
 				}
@@ -431,7 +433,8 @@ func TestGoodDeclarations(t *testing.T) {
 				t.Errorf("empty declaration renders %v, want only version", model)
 			}
 		},
-		"config-file": func(t *testing.T, r result, model map[string]any) {},
+		"config-file":      func(t *testing.T, r result, model map[string]any) {},
+		"wildcard-inspect": func(t *testing.T, r result, model map[string]any) {},
 	}
 	for _, file := range nixFiles(t, "checks/nixeval/testdata/good") {
 		name := strings.TrimSuffix(filepath.Base(file), ".nix")
