@@ -690,3 +690,50 @@ func contains(list []string, s string) bool {
 	}
 	return false
 }
+
+// Evaluating the package warns when go.sum changed since vendorHash was
+// computed, and is silent when it did not.
+func TestGoSumWarning(t *testing.T) {
+	lib := nixpkgsLib(t)
+	ni := testenv.LookPath(t, "nix-instantiate")
+	goSum, err := os.ReadFile(filepath.Join(repoRoot, "go.sum"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pkg, err := os.ReadFile(filepath.Join(repoRoot, "nix/package.nix"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	vendor, err := os.ReadFile(filepath.Join(repoRoot, "nix/vendor.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, tc := range map[string]struct {
+		goSum string
+		warn  bool
+	}{
+		"unchanged": {string(goSum), false},
+		"changed":   {string(goSum) + "example.com/new v1.0.0 h1:AAAA=\n", true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			os.Mkdir(filepath.Join(dir, "nix"), 0o755)
+			for p, b := range map[string][]byte{"go.sum": []byte(tc.goSum), "nix/package.nix": pkg, "nix/vendor.json": vendor} {
+				if err := os.WriteFile(filepath.Join(dir, p), b, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			expr := fmt.Sprintf(`(import %s/nix/package.nix { lib = import %s/lib; buildGoModule = a: a; }).pname`, dir, lib)
+			var stderr bytes.Buffer
+			cmd := exec.Command(ni, "--eval", "--expr", expr)
+			cmd.Stderr = &stderr
+			if out, err := cmd.Output(); err != nil || strings.TrimSpace(string(out)) != `"nixcage"` {
+				t.Fatalf("eval: %v %s\n%s", err, out, stderr.String())
+			}
+			warned := strings.Contains(stderr.String(), "run checks/vendor-hash.sh --update")
+			if warned != tc.warn {
+				t.Errorf("warned=%v, want %v; stderr:\n%s", warned, tc.warn, stderr.String())
+			}
+		})
+	}
+}
