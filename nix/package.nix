@@ -8,6 +8,7 @@
 let
   vendor = lib.importJSON ./vendor.json;
   goSum = builtins.hashFile "sha256" ../go.sum;
+  nixOnly = [ "flake.nix" "flake.lock" "nix" "nixos-modules" "checks/vm" ".ci" ];
 in
 lib.warnIf (goSum != vendor.goSum)
   "nixcage: go.sum changed since vendorHash was computed; run checks/vendor-hash.sh --update"
@@ -15,24 +16,20 @@ lib.warnIf (goSum != vendor.goSum)
     pname = "nixcage";
     version = "0.1.0";
 
-    # Everything Go needs (sources, embedded policies, testdata), nothing
-    # Nix-only, so editing the module or the VM tests does not rebuild it.
-    src = lib.fileset.toSource {
-      root = ../.;
-      fileset = lib.fileset.difference ../. (
-        lib.fileset.unions (
-          map lib.fileset.maybeMissing [
-            ../flake.nix
-            ../flake.lock
-            ../nix
-            ../nixos-modules
-            ../checks/vm
-            ../docs
-            ../.ci
-            ../.gitignore
-          ]
-        )
-      );
+    # Everything Go and its tests read (sources, embedded policies, testdata,
+    # examples, docs), nothing Nix-only, so editing the module or the VM
+    # tests does not rebuild it.
+    # (cleanSourceWith rather than lib.fileset so that checks/nixeval can
+    # evaluate it with the Nix 2.8 of Debian 12.)
+    src = lib.cleanSourceWith {
+      name = "nixcage-source";
+      src = lib.cleanSource ../.;
+      filter =
+        path: _type:
+        let
+          rel = lib.removePrefix (toString ../. + "/") (toString path);
+        in
+        !(lib.elem rel nixOnly || lib.any (d: lib.hasPrefix (d + "/") rel) nixOnly);
     };
 
     inherit (vendor) vendorHash;

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -620,6 +621,10 @@ in {
 // a NAR hash.
 func TestFlakeLock(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join(repoRoot, "flake.lock"))
+	if errors.Is(err, fs.ErrNotExist) {
+		// The package's own build (nix/package.nix) leaves the Nix files out.
+		t.Skip("no flake.lock in this source tree")
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -735,5 +740,43 @@ func TestGoSumWarning(t *testing.T) {
 				t.Errorf("warned=%v, want %v; stderr:\n%s", warned, tc.warn, stderr.String())
 			}
 		})
+	}
+}
+
+// The package's source filter keeps what Go needs (the tree builds from
+// it) and leaves the Nix-only files out, so module edits do not rebuild it.
+func TestPackageSource(t *testing.T) {
+	lib := nixpkgsLib(t)
+	ni := testenv.LookPath(t, "nix-instantiate")
+	if os.Geteuid() != 0 {
+		t.Skip("copying the source into /nix/store needs root with Debian's single-user nix")
+	}
+	expr := fmt.Sprintf(`let p = import ./nix/package.nix { lib = import %s/lib; buildGoModule = a: a; }; in "${p.src}"`, lib)
+	cmd := exec.Command(ni, "--read-write-mode", "--eval", "--expr", expr)
+	cmd.Dir = repoRoot
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("eval src: %v\n%s", err, stderr.String())
+	}
+	var src string
+	if err := json.Unmarshal(out, &src); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"go.mod", "go.sum", "cmd/cagectl/main.go", "policies/claude-code.hcl", "examples/reference.hcl", "internal/render/testdata", "checks/nixeval/eval.nix"} {
+		if _, err := os.Stat(filepath.Join(src, p)); err != nil {
+			t.Errorf("package source lacks %s", p)
+		}
+	}
+	for _, p := range []string{"flake.nix", "flake.lock", "nix", "nixos-modules", "checks/vm", ".git"} {
+		if _, err := os.Lstat(filepath.Join(src, p)); err == nil {
+			t.Errorf("package source contains %s, which only Nix reads", p)
+		}
+	}
+	build := exec.Command(goTool(), "build", "-o", os.DevNull, "./cmd/cagectl")
+	build.Dir = src
+	if b, err := build.CombinedOutput(); err != nil {
+		t.Errorf("go build in the package source: %v\n%s", err, b)
 	}
 }
