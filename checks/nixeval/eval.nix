@@ -6,44 +6,7 @@
 #     'import ./checks/nixeval/eval.nix { lib = import $NIXPKGS_LIB/lib; module = ./examples/nixos/reference.nix; }'
 { lib, module }:
 let
-  fakeDrv = name: {
-    type = "derivation";
-    inherit name;
-    outPath = "/nix/store/00000000000000000000000000000000-${name}";
-  };
-
-  pkgs = {
-    runCommand = name: env: script: fakeDrv name // { inherit env script; };
-    formats.json = { }: {
-      generate = name: value: fakeDrv name // { json = builtins.toJSON value; };
-    };
-    iproute2 = fakeDrv "iproute2";
-  };
-
-  anything = lib.mkOption { type = lib.types.anything; default = null; };
-  list = lib.mkOption { type = lib.types.listOf lib.types.anything; default = [ ]; };
-  attrs = lib.mkOption { type = lib.types.attrsOf lib.types.anything; default = { }; };
-
-  # The NixOS options the module reads or sets, with NixOS's types where
-  # the merge behaviour matters (lists concatenate, attrsets merge).
-  nixosStubs = {
-    options = {
-      assertions = list;
-      virtualisation.podman.enable = lib.mkOption { type = lib.types.bool; default = false; };
-      virtualisation.podman.package = lib.mkOption { type = lib.types.package; default = fakeDrv "podman"; };
-      systemd.package = lib.mkOption { type = lib.types.package; default = fakeDrv "systemd"; };
-      systemd.packages = list;
-      systemd.tmpfiles.packages = list;
-      systemd.targets = lib.mkOption { type = lib.types.attrsOf (lib.types.attrsOf lib.types.anything); default = { }; };
-      services.dbus.packages = list;
-      environment.systemPackages = list;
-      environment.etc = lib.mkOption { type = lib.types.attrsOf (lib.types.attrsOf lib.types.anything); default = { }; };
-    };
-    config = {
-      _module.args.pkgs = pkgs;
-      services.nixcage.package = lib.mkDefault (fakeDrv "nixcage");
-    };
-  };
+  inherit (import ./stubs.nix { inherit lib; }) pkgs nixosStubs;
 
   eval = lib.evalModules {
     modules = [ ../../nixos-modules nixosStubs module ];

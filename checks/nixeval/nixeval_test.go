@@ -780,3 +780,50 @@ func TestPackageSource(t *testing.T) {
 		t.Errorf("go build in the package source: %v\n%s", err, b)
 	}
 }
+
+// The VM tests cannot boot here, but what they declare can be checked:
+// each evaluates, is named after its file, and every node running nixcage
+// passes the assertions and cagectl validate.
+func TestVMTestDeclarations(t *testing.T) {
+	lib := nixpkgsLib(t)
+	for _, file := range nixFiles(t, "checks/vm") {
+		name := strings.TrimSuffix(filepath.Base(file), ".nix")
+		t.Run(name, func(t *testing.T) {
+			expr := fmt.Sprintf("import ./checks/nixeval/eval-vm.nix { lib = import %s/lib; file = ./%s; }", lib, file)
+			var got struct {
+				Name   string
+				Script string
+				Nodes  map[string]*struct {
+					Model  json.RawMessage
+					Failed []failure
+				}
+			}
+			if err := json.Unmarshal(nixEval(t, expr), &got); err != nil {
+				t.Fatal(err)
+			}
+			if got.Name != name {
+				t.Errorf("test is named %q, want its file name %q", got.Name, name)
+			}
+			if !strings.Contains(got.Script, "machine.") {
+				t.Errorf("test script drives no machine:\n%s", got.Script)
+			}
+			caged := 0
+			for node, n := range got.Nodes {
+				if n == nil {
+					continue
+				}
+				caged++
+				for _, f := range n.Failed {
+					t.Errorf("node %s: assertion %s fails: %s", node, f.ID, f.Message)
+				}
+				src := writeModel(t, t.TempDir(), n.Model)
+				if out, err := run(t, cagectl(t), "validate", src); err != nil {
+					t.Errorf("node %s: cagectl validate: %v\n%s", node, err, out)
+				}
+			}
+			if caged == 0 {
+				t.Errorf("no node enables services.nixcage")
+			}
+		})
+	}
+}

@@ -17,7 +17,9 @@ in
     machine.succeed("systemctl start nixcage-agent@idle.service")
 
     with subtest("the bus policy is installed and caged owns the name"):
-        machine.succeed("grep -rq org.nixcage.cage1 /etc/dbus-1 /run/current-system/sw/share/dbus-1 2>/dev/null || busctl status org.nixcage.cage1")
+        # services.dbus.packages adds the rendered tree's etc/dbus-1/system.d.
+        machine.succeed("grep -q 'nixcage-rendered/etc/dbus-1/system.d' /etc/dbus-1/system.conf")
+        machine.succeed("busctl --system status org.nixcage.cage1")
         machine.succeed("busctl introspect org.nixcage.cage1 /org/nixcage/cage1 | grep -q org.nixcage.cage1.Manager")
 
     with subtest("any local user reads status"):

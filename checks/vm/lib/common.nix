@@ -28,6 +28,7 @@
     in
     {
       imports = [ self.nixosModules.default ];
+      services.nixcage.enable = true;
       virtualisation.memorySize = 2048;
       virtualisation.diskSize = 4096;
       system.extraDependencies = [ tools ];
