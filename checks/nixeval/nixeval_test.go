@@ -807,6 +807,17 @@ func TestVMTestDeclarations(t *testing.T) {
 			if !strings.Contains(got.Script, "machine.") {
 				t.Errorf("test script drives no machine:\n%s", got.Script)
 			}
+			// The driver runs the script as Python; interpolating Nix strings
+			// into it is an easy way to break its indentation.
+			if py, err := exec.LookPath("python3"); err == nil {
+				cmd := exec.Command(py, "-c", "import sys; compile(sys.stdin.read(), sys.argv[1], 'exec')", file)
+				cmd.Stdin = strings.NewReader(got.Script)
+				if out, err := cmd.CombinedOutput(); err != nil {
+					t.Errorf("test script is not valid Python: %v\n%s\n%s", err, out, got.Script)
+				}
+			} else {
+				t.Log("python3 not installed: test script syntax not checked")
+			}
 			caged := 0
 			for node, n := range got.Nodes {
 				if n == nil {

@@ -32,7 +32,7 @@ in
     ${common.prelude}
     machine.succeed("systemctl start nixcage-agent@probe.service")
     machine.wait_until_succeeds("grep -q dns-unlisted= /var/lib/nixcage/agents/probe/rc")
-    rc = dict(l.split("=") for l in machine.succeed("cat /var/lib/nixcage/agents/probe/rc").split())
+    rc = {k: v for k, v in (line.split("=", 1) for line in machine.succeed("cat /var/lib/nixcage/agents/probe/rc").split())}
 
     with subtest("allowed host reached through the gateway"):
         assert rc["allowed"] == "0", rc

@@ -40,7 +40,7 @@ in
     machine.succeed("systemctl start nixcage-agent@inject.service")
     machine.wait_until_succeeds("grep -q leak= /var/lib/nixcage/agents/inject/rc")
     placeholder = machine.succeed("cat /var/lib/nixcage/agents/inject/placeholder").strip()
-    rc = dict(l.split("=") for l in machine.succeed("cat /var/lib/nixcage/agents/inject/rc").split())
+    rc = {k: v for k, v in (line.split("=", 1) for line in machine.succeed("cat /var/lib/nixcage/agents/inject/rc").split())}
 
     with subtest("the cage only ever had a placeholder"):
         assert placeholder and placeholder != "${secret}", placeholder
