@@ -9,7 +9,7 @@
 
     agents.claude = {
       backend = "service";
-      command = [ "/nix/tools/top/bin/claude" "--print" "summarize README.md" ];
+      command = [ "/nix/tools/bin/claude" "--print" "summarize README.md" ];
       egress = "claude-code";
       secrets.anthropic = {
         # config.sops.secrets.anthropic-api-key.path when sops-nix is imported.

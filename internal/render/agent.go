@@ -118,7 +118,7 @@ func cageEnv(a *config.Agent) [][2]string {
 		{"REQUESTS_CA_BUNDLE", cageBundle}, {"GIT_SSL_CAINFO", cageBundle},
 		{"NODE_EXTRA_CA_CERTS", paths.CageCACert},
 		{"HOME", paths.CageWorkspace},
-		{"PATH", paths.CageTools + "/top/bin:/usr/local/bin:/usr/bin:/bin"},
+		{"PATH", paths.CageTools + "/bin:/usr/local/bin:/usr/bin:/bin"},
 		{"NIXCAGE_AGENT", a.Name},
 	}
 	keys := make([]string, 0, len(a.Environment))
@@ -143,7 +143,10 @@ func (r *renderer) cageBinds(a *config.Agent) [][3]string {
 		// The shared store and the current tool generation; absent until
 		// the first release is applied.
 		{filepath.Join(store, "nix/store"), paths.CageStoreMount, "-"},
-		{filepath.Join(store, "current"), paths.CageTools, "-"},
+		// current/top is a relative symlink into the store, resolved on the
+		// host when the cage starts: a switch of current never changes a
+		// running cage's tools under it, a restart picks the new ones up.
+		{filepath.Join(store, "current", "top"), paths.CageTools, "-"},
 	}
 }
 
