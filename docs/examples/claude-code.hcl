@@ -2,7 +2,7 @@
 # takes its hosts and header (x-api-key) from the policy's credential block.
 agent "claude" {
   backend = "service"
-  command = ["/nix/tools/top/bin/claude", "--print", "summarize README.md"]
+  command = ["/nix/tools/bin/claude", "--print", "summarize README.md"]
   egress  = "claude-code"
 
   secret "anthropic" {

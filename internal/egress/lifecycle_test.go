@@ -26,8 +26,8 @@ import (
 	"github.com/nixcage/nixcage/internal/egress/audit"
 	"github.com/nixcage/nixcage/internal/egress/ca"
 	"github.com/nixcage/nixcage/internal/paths"
-	"github.com/nixcage/nixcage/internal/stdio"
 	"github.com/nixcage/nixcage/internal/policy"
+	"github.com/nixcage/nixcage/internal/stdio"
 	"github.com/nixcage/nixcage/internal/testenv"
 )
 

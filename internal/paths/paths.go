@@ -16,8 +16,11 @@ const (
 	RuntimeRoot      = "/run/nixcage"
 	EvidenceRoot     = "/var/lib/nixcage/evidence"
 	QuarantineRoot   = "/var/lib/nixcage/quarantine"
-	// PodmanRootfs is the skeleton root podman cages without an image use.
-	PodmanRootfs = "/var/lib/nixcage/rootfs"
+	// CageRootfs is the skeleton root (mount points and the merged-/usr
+	// symlinks, nothing else) that service and podman cages start from.
+	CageRootfs = "/var/lib/nixcage/rootfs"
+	// PodmanConf is relative to the prefix: containers.conf for podman cages.
+	PodmanConf = "nixcage/containers.conf"
 	// TmpfilesConf is relative to the prefix.
 	TmpfilesConf = "tmpfiles.d/nixcage.conf"
 
@@ -62,6 +65,10 @@ func Instance(template, agent string) string {
 	}
 	return template
 }
+
+// StoreBindsEnv is written before an nspawn or podman cage starts and names
+// the store binds that exist (those tools cannot skip a missing source).
+func StoreBindsEnv(agent string) string { return filepath.Join(Runtime(agent), "store-binds.env") }
 
 // NetnsName is the name of the agent's network namespace under /run/netns.
 func NetnsName(agent string) string { return "nixcage-" + agent }

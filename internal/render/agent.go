@@ -118,7 +118,7 @@ func cageEnv(a *config.Agent) [][2]string {
 		{"REQUESTS_CA_BUNDLE", cageBundle}, {"GIT_SSL_CAINFO", cageBundle},
 		{"NODE_EXTRA_CA_CERTS", paths.CageCACert},
 		{"HOME", paths.CageWorkspace},
-		{"PATH", paths.CageTools + "/top/bin:/usr/local/bin:/usr/bin:/bin"},
+		{"PATH", paths.CageTools + "/bin:/usr/local/bin:/usr/bin:/bin"},
 		{"NIXCAGE_AGENT", a.Name},
 	}
 	keys := make([]string, 0, len(a.Environment))
@@ -143,17 +143,47 @@ func (r *renderer) cageBinds(a *config.Agent) [][3]string {
 		// The shared store and the current tool generation; absent until
 		// the first release is applied.
 		{filepath.Join(store, "nix/store"), paths.CageStoreMount, "-"},
-		{filepath.Join(store, "current"), paths.CageTools, "-"},
+		// current/top is a relative symlink into the store, resolved on the
+		// host when the cage starts: a switch of current never changes a
+		// running cage's tools under it, a restart picks the new ones up.
+		{filepath.Join(store, "current", "top"), paths.CageTools, "-"},
 	}
 }
 
 func stateDir(ws string) string { return strings.TrimPrefix(ws, "/var/lib/") }
 
-// serviceBackend runs the agent as the unit itself: a dynamic user in an
-// empty root with only /usr, the cage's own files and its workspace.
+// tmpfilesPre makes sure the skeleton root exists before a cage uses it
+// ("+": runs outside the unit's sandbox, which needs the root to exist).
+func (r *renderer) tmpfilesPre() string {
+	return "+" + quoteCmd([]string{r.o.Tmpfiles, "--create", filepath.Join(r.o.Prefix, paths.TmpfilesConf)})
+}
+
+// storeBindsPre writes paths.StoreBindsEnv: NIXCAGE_STORE_BINDS holds one
+// flag per store bind whose source exists, in the given format ("%s" is
+// "SRC:DST"). nspawn and podman refuse a missing source, and the store has
+// no current generation until the first release is applied. systemd reads
+// EnvironmentFile= afresh for each command, so ExecStart sees the result.
+func (r *renderer) storeBindsPre(a *config.Agent, format string) string {
+	var script strings.Builder
+	script.WriteString("b=; ")
+	for _, bind := range r.cageBinds(a) {
+		if bind[2] != "-" {
+			continue
+		}
+		flag := fmt.Sprintf(format, bind[0]+":"+bind[1])
+		fmt.Fprintf(&script, "if [ -e %s ]; then b=\"$b %s\"; fi; ", bind[0], flag)
+	}
+	fmt.Fprintf(&script, "echo \"NIXCAGE_STORE_BINDS=$b\" > %s", paths.StoreBindsEnv(a.Name))
+	return "+" + quoteCmd([]string{"/bin/sh", "-c", script.String()})
+}
+
+// serviceBackend runs the agent as the unit itself: a dynamic user whose
+// root is the empty skeleton with only /usr, the cage's own files and its
+// workspace mounted in.
 func (r *renderer) serviceBackend(a *config.Agent) section {
 	s := sec("Service",
 		"Type", "exec",
+		"ExecStartPre", r.tmpfilesPre(),
 		"ExecStart", quoteCmd(a.Command),
 		"DynamicUser", "yes",
 		"User", "nixcage-"+a.Name,
@@ -171,8 +201,11 @@ func (r *renderer) serviceBackend(a *config.Agent) section {
 		"StateDirectory", stateDir(a.Workspace),
 		"StateDirectoryMode", "0700",
 		"WorkingDirectory", paths.CageWorkspace,
-		"TemporaryFileSystem", "/",
-		"BindReadOnlyPaths", "/usr /bin /lib -/lib64 -/sbin",
+		// systemd 252 does not replace / with TemporaryFileSystem=/ unless
+		// RootDirectory= is set (found by checks/system): the skeleton is
+		// the root, /usr the only host directory in it.
+		"RootDirectory", paths.CageRootfs,
+		"BindReadOnlyPaths", "/usr",
 	)
 	for _, b := range r.cageBinds(a) {
 		s.add("BindReadOnlyPaths", b[2]+b[0]+":"+b[1])
@@ -208,8 +241,9 @@ func (r *renderer) nspawnBackend(a *config.Agent) section {
 	argv := []string{r.o.Nspawn,
 		"--quiet", "--register=no", "--keep-unit",
 		"--directory=/", "--volatile=yes",
-		"--private-users=pick", "--private-users-ownership=auto",
-		"--network-namespace-path=" + paths.NetnsPath(a.Name),
+		// ownership=off: the volatile root is a fresh tmpfs and /usr is
+		// read-only; "auto" tries ID-mapped mounts that fail on overlayfs.
+		"--private-users=pick", "--private-users-ownership=off",
 		"--resolv-conf=off", "--timezone=off", "--link-journal=no",
 		"--drop-capability=all", "--no-new-privileges=yes",
 		"--as-pid2", "--console=pipe",
@@ -218,22 +252,30 @@ func (r *renderer) nspawnBackend(a *config.Agent) section {
 		"--bind=" + a.Workspace + ":" + paths.CageWorkspace + ":idmap",
 	}
 	for _, b := range r.cageBinds(a) {
-		argv = append(argv, "--bind-ro="+b[0]+":"+b[1])
+		if b[2] == "" {
+			argv = append(argv, "--bind-ro="+b[0]+":"+b[1])
+		}
 	}
 	for _, kv := range cageEnv(a) {
 		argv = append(argv, "--setenv="+kv[0]+"="+kv[1])
 	}
-	cmd := quoteCmd(argv)
+	cmd := quoteCmd(argv) + " $NIXCAGE_STORE_BINDS"
 	// Placeholders come from the EnvironmentFile; ${VAR} is expanded by
 	// systemd, so they reach the container without being rendered here.
 	for _, sc := range a.Secrets {
 		cmd += " " + quoteArg("--setenv="+sc.Env+"=") + "${" + sc.Env + "}"
 	}
 	cmd += " -- " + quoteCmd(a.Command)
-	s := sec("Service",
+	return sec("Service",
 		"Type", "exec",
+		"ExecStartPre", r.storeBindsPre(a, "--bind-ro=%s"),
 		"ExecStart", cmd,
+		// nspawn inherits the namespace from its unit: asked to join it
+		// itself (--network-namespace-path=) after creating the user
+		// namespace, it lacks the privilege to (found by checks/system).
+		"NetworkNamespacePath", paths.NetnsPath(a.Name),
 		"EnvironmentFile", filepath.Join(paths.Runtime(a.Name), "agent.env"),
+		"EnvironmentFile", paths.StoreBindsEnv(a.Name),
 		"StateDirectory", stateDir(a.Workspace),
 		"StateDirectoryMode", "0700",
 		"Delegate", "yes",
@@ -248,18 +290,52 @@ func (r *renderer) nspawnBackend(a *config.Agent) section {
 		"IPAddressAllow", "localhost",
 		"IPAddressDeny", "any",
 	)
-	return s
+}
+
+// podmanUIDBase gives each podman cage its own 65536-id range above the
+// ranges nspawn picks from (which end below 0x70000000): derived from the
+// name so it is stable, bumped past collisions in name order so it is
+// unique within one config.
+func (r *renderer) podmanUIDBase(agent string) int {
+	const first, slots = 0x70000000, 4096
+	used := map[int]string{}
+	for _, a := range r.cfg.Agents { // sorted by name
+		if a.Backend != config.BackendPodman {
+			continue
+		}
+		slot := int(fnv32(a.Name) % slots)
+		for used[slot] != "" {
+			slot = (slot + 1) % slots
+		}
+		used[slot] = a.Name
+		if a.Name == agent {
+			return first + slot*65536
+		}
+	}
+	return first
+}
+
+func fnv32(s string) uint32 {
+	h := uint32(2166136261)
+	for i := 0; i < len(s); i++ {
+		h ^= uint32(s[i])
+		h *= 16777619
+	}
+	return h
 }
 
 // podmanBackend runs the agent with podman (runc, as the host's hybrid
-// cgroups require) in an automatically allocated user namespace.
+// cgroups require) in a user namespace of its own.
 func (r *renderer) podmanBackend(a *config.Agent) section {
 	name := "nixcage-" + a.Name
+	base := strconv.Itoa(r.podmanUIDBase(a.Name))
 	argv := []string{r.o.Podman, "--runtime", "runc", "run",
 		"--rm", "--replace", "--name", name,
 		"--network=ns:" + paths.NetnsPath(a.Name),
 		"--dns=none", "--no-hosts",
-		"--userns=auto",
+		// An explicit range: podman 4.3's --userns=auto finds no mapping
+		// for a --rootfs container (no layers to size it).
+		"--uidmap=0:" + base + ":65536", "--gidmap=0:" + base + ":65536",
 		"--cap-drop=all", "--security-opt=no-new-privileges",
 		"--read-only",
 		"--pids-limit=" + strconv.Itoa(a.Resources.Tasks),
@@ -273,27 +349,28 @@ func (r *renderer) podmanBackend(a *config.Agent) section {
 		argv = append(argv, "--memory="+a.Resources.Memory)
 	}
 	for _, b := range r.cageBinds(a) {
-		if b[2] == "-" {
-			// podman refuses missing sources; the store is bound only
-			// once a release exists (see docs/backends.md).
-			continue
+		if b[2] == "" {
+			argv = append(argv, "--volume="+b[0]+":"+b[1]+":ro")
 		}
-		argv = append(argv, "--volume="+b[0]+":"+b[1]+":ro")
 	}
 	for _, kv := range cageEnv(a) {
 		argv = append(argv, "--env="+kv[0]+"="+kv[1])
 	}
+	cmd := quoteCmd(argv) + " $NIXCAGE_STORE_BINDS "
 	if a.Image != "" {
-		argv = append(argv, a.Image)
+		cmd += quoteArg(a.Image)
 	} else {
-		argv = append(argv, "--volume=/usr:/usr:ro", "--rootfs", paths.PodmanRootfs)
+		cmd += quoteCmd([]string{"--volume=/usr:/usr:ro", "--rootfs", paths.CageRootfs})
 	}
-	argv = append(argv, a.Command...)
+	cmd += " " + quoteCmd(a.Command)
 	return sec("Service",
 		"Type", "exec",
-		"ExecStartPre", quoteCmd([]string{r.o.Tmpfiles, "--create", filepath.Join(r.o.Prefix, paths.TmpfilesConf)}),
-		"ExecStart", quoteCmd(argv),
+		"ExecStartPre", r.tmpfilesPre(),
+		"ExecStartPre", r.storeBindsPre(a, "--volume=%s:ro"),
+		"ExecStart", cmd,
 		"ExecStopPost", "-"+quoteCmd([]string{r.o.Podman, "rm", "--force", "--ignore", name}),
+		"Environment", "CONTAINERS_CONF="+filepath.Join(r.o.Prefix, paths.PodmanConf),
+		"EnvironmentFile", paths.StoreBindsEnv(a.Name),
 		"StateDirectory", stateDir(a.Workspace),
 		"StateDirectoryMode", "0700",
 		"Delegate", "yes",

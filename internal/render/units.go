@@ -260,16 +260,23 @@ func (r *renderer) tmpfiles() {
 	fmt.Fprintf(&b, "d %s 0755 root root -\n", paths.EgressStateRoot)
 	fmt.Fprintf(&b, "d %s 0700 root root -\n", paths.EvidenceRoot)
 	fmt.Fprintf(&b, "d %s 0755 root root -\n", paths.QuarantineRoot)
-	root := paths.PodmanRootfs
+	// Every mount target a cage needs exists in the skeleton beforehand:
+	// systemd could create them, but podman's container root (a mapped
+	// uid) cannot write to a root-owned directory.
+	root := paths.CageRootfs
 	for _, d := range []string{"", "/usr", "/etc", "/etc/nixcage", "/nix", "/nix/store", "/nix/tools", "/workspace", "/tmp", "/proc", "/sys", "/dev", "/run", "/var", "/var/tmp"} {
 		fmt.Fprintf(&b, "d %s%s 0755 root root -\n", root, d)
 	}
 	for _, l := range []string{"bin", "sbin", "lib", "lib64"} {
 		fmt.Fprintf(&b, "L %s/%s - - - - usr/%s\n", root, l, l)
 	}
-	fmt.Fprintf(&b, "f %s/etc/resolv.conf 0644 root root -\n", root)
-	fmt.Fprintf(&b, "f %s/etc/nixcage/ca.crt 0644 root root -\n", root)
+	for _, f := range []string{"/etc/resolv.conf", "/etc/hostname", "/etc/hosts", paths.CageCACert, cageBundle, "/run/.containerenv"} {
+		fmt.Fprintf(&b, "f %s%s 0644 root root -\n", root, f)
+	}
 	r.add(paths.TmpfilesConf, 0o644, []byte(b.String()))
+	// podman's default sysctls (net.ipv4.ping_group_range) cannot be set in
+	// a namespace the container does not own.
+	r.add(paths.PodmanConf, 0o644, []byte("# Rendered by cagectl render: containers.conf for nixcage's podman cages.\n[containers]\ndefault_sysctls = []\n"))
 }
 
 // canonical writes the validated model back out as HCL-JSON: caged reads it,

@@ -1,0 +1,2 @@
+# want: Relative command
+{ services.nixcage = { enable = true; agents.a = { backend = "service"; command = [ "claude" ]; }; }; }

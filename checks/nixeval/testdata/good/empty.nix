@@ -1,0 +1,2 @@
+# Enabled with nothing declared: caged alone, no agents.
+{ services.nixcage.enable = true; }

@@ -1,0 +1,57 @@
+# examples/reference.hcl as a NixOS module: three agents, one per backend,
+# sharing one egress policy. checks/nixeval renders both and requires
+# byte-identical output, so the two front doors cannot drift apart.
+{ ... }:
+{
+  virtualisation.podman.enable = true; # carol runs under podman
+
+  services.nixcage = {
+    enable = true;
+
+    egressPolicies.web = {
+      allow = [ "api.example.com" "*.example.org" ];
+      deny = [ "evil.example.org" ];
+      ports = [ 443 ];
+      inspect = [ "api.example.com" ];
+    };
+
+    agents.alice = {
+      backend = "service";
+      command = [ "/bin/sh" "-c" "echo hello" ];
+      workspace = "/var/lib/nixcage/agents/alice";
+      egress = "web";
+      # With sops-nix: source = config.sops.secrets.alice-api.path;
+      secrets.api = {
+        source = "/run/secrets/alice-api";
+        env = "API_KEY";
+        hosts = [ "api.example.com" ];
+        header = "Authorization";
+      };
+    };
+
+    agents.bob = {
+      backend = "nspawn";
+      command = [ "/bin/sh" "-c" "echo hello" ];
+      egress = "web";
+    };
+
+    agents.carol = {
+      backend = "podman";
+      command = [ "/bin/sh" "-c" "echo hello" ];
+      egress = "web";
+    };
+
+    accounts.ops = {
+      group = "wheel";
+      role = "operator";
+      agents = [ "alice" "bob" ];
+    };
+
+    store = {
+      root = "/var/lib/nixcage/store";
+      channel = "stable";
+      keys = [ "/etc/nixcage/release.pub" ];
+      threshold = 1;
+    };
+  };
+}

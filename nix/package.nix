@@ -1,0 +1,51 @@
+# nixcage: caged, cage-egress and cagectl, built from this repository.
+#
+# vendorHash is the NAR hash of `go mod vendor`'s output; it lives in
+# vendor.json next to the sha256 of the go.sum it was computed from, so that
+# evaluation warns as soon as go.sum changes without it. Both are written by
+# checks/vendor-hash.sh --update, and CI fails when they are stale.
+{ lib, buildGoModule }:
+let
+  vendor = lib.importJSON ./vendor.json;
+  goSum = builtins.hashFile "sha256" ../go.sum;
+  nixOnly = [ "flake.nix" "flake.lock" "nix" "nixos-modules" "checks/vm" ".ci" ];
+in
+lib.warnIf (goSum != vendor.goSum)
+  "nixcage: go.sum changed since vendorHash was computed; run checks/vendor-hash.sh --update"
+  (buildGoModule {
+    pname = "nixcage";
+    version = "0.1.0";
+
+    # Everything Go and its tests read (sources, embedded policies, testdata,
+    # examples, docs), nothing Nix-only, so editing the module or the VM
+    # tests does not rebuild it.
+    # (cleanSourceWith rather than lib.fileset so that checks/nixeval can
+    # evaluate it with the Nix 2.8 of Debian 12.)
+    src = lib.cleanSourceWith {
+      name = "nixcage-source";
+      src = lib.cleanSource ../.;
+      filter =
+        path: _type:
+        let
+          rel = lib.removePrefix (toString ../. + "/") (toString path);
+        in
+        !(lib.elem rel nixOnly || lib.any (d: lib.hasPrefix (d + "/") rel) nixOnly);
+    };
+
+    inherit (vendor) vendorHash;
+
+    ldflags = [ "-s" "-w" ];
+
+    # Unit tests run in the sandbox; tests needing root, a booted systemd,
+    # nix-instantiate or the network skip with a printed reason.
+    preCheck = ''
+      export HOME=$TMPDIR
+    '';
+
+    meta = {
+      description = "Cages for untrusted AI agents: systemd sandboxes with an egress gateway and a signed tool store";
+      homepage = "https://github.com/nixcage/nixcage";
+      platforms = lib.platforms.linux;
+      mainProgram = "cagectl";
+    };
+  })

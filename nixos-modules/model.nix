@@ -1,0 +1,58 @@
+# The declaration as HCL-JSON: the shape config.Canonical writes and
+# `cagectl validate` reads ({"agent": {"NAME": {...}}, "egress_policy": ...},
+# snake_case keys). A pure function of the options: needs only lib.
+#
+# Nulls are dropped, so unset options take the Go schema's defaults; this file
+# renames and nests, it never decides a value.
+{ lib, config, ... }:
+let
+  cfg = config.services.nixcage;
+
+  # Drop nulls (unset options) and empty blocks.
+  clean = attrs: lib.filterAttrs (_: v: v != null && v != { }) attrs;
+
+  policy = p: clean {
+    inherit (p) allow deny inspect ports;
+    rate_limit = lib.mapNullable (r: clean { per_second = r.perSecond; inherit (r) burst; }) p.rateLimit;
+    inspector = lib.mapAttrs (_: i: clean {
+      inherit (i) action threshold;
+      max_bytes = i.maxBytes;
+      min_length = i.minLength;
+    }) p.inspectors;
+    limits = lib.mapNullable (l: clean {
+      max_tunnels = l.maxTunnels;
+      max_header_bytes = l.maxHeaderBytes;
+      max_body_bytes = l.maxBodyBytes;
+      idle_timeout = l.idleTimeout;
+    }) p.limits;
+    dns = lib.mapNullable (d: clean {
+      inherit (d) enabled;
+      deny_types = d.denyTypes;
+      max_label_length = d.maxLabelLength;
+    }) p.dns;
+    credential = lib.mapAttrs (_: c: clean { inherit (c) hosts header; }) p.credentials;
+    unsafe_allow_loopback_upstreams = p.unsafeAllowLoopbackUpstreams;
+    unsafe_allow_private_upstreams = p.unsafeAllowPrivateUpstreams;
+  };
+
+  agent = a: clean {
+    inherit (a) backend command environment workspace tools image autostart egress;
+    egress_policy = lib.mapNullable policy a.egressPolicy;
+    secret = lib.mapAttrs (_: s: clean { inherit (s) source env hosts header; }) a.secrets;
+    resources = lib.mapNullable clean a.resources;
+  };
+
+  declared = clean {
+    version = 1;
+    agent = lib.mapAttrs (_: agent) cfg.agents;
+    egress_policy = lib.mapAttrs (_: policy) cfg.egressPolicies;
+    account = lib.mapAttrs (_: a: clean { inherit (a) user group role agents; }) cfg.accounts;
+    store = lib.mapNullable (s: clean {
+      inherit (s) root channel keys threshold generations;
+      nix_keys = s.nixKeys;
+    }) cfg.store;
+  };
+in
+{
+  config.services.nixcage.model = lib.recursiveUpdate declared cfg.settings;
+}

@@ -1,0 +1,241 @@
+# services.nixcage options. This file needs nothing but `lib`, so the model
+# and the assertions can be evaluated (and tested) with lib.evalModules alone.
+#
+# Every option that has a default in the Go schema defaults to null here and
+# is left out of the rendered JSON: the defaults live in one place
+# (internal/config) and `cagectl validate` fills them in.
+{ lib, ... }:
+let
+  inherit (lib) mkOption mkEnableOption types;
+
+  nullOr = t: mkOption {
+    type = types.nullOr t;
+    default = null;
+  };
+  opt = t: description: (nullOr t) // { inherit description; };
+
+  # The value type of pkgs.formats.json, rebuilt from lib so that `settings`
+  # type-checks without pkgs (RFC 42).
+  jsonValue = types.nullOr (
+    types.oneOf [
+      types.bool
+      types.int
+      types.float
+      types.str
+      types.path
+      (types.attrsOf jsonValue)
+      (types.listOf jsonValue)
+    ]
+  ) // { description = "JSON value"; };
+
+  hostList = description: mkOption {
+    type = types.listOf types.str;
+    default = [ ];
+    example = [ "api.example.com" "*.example.org" ];
+    inherit description;
+  };
+
+  policyModule = { ... }: {
+    options = {
+      allow = hostList "Host patterns the agent may reach (exact names or `*.suffix`). Everything else is denied.";
+      deny = hostList "Host patterns that are always refused; deny wins over allow.";
+      inspect = hostList "Allowed hosts whose TLS the gateway terminates with the cage CA, so inspectors see requests and credentials can be injected.";
+      ports = opt (types.listOf types.port) "Ports CONNECT may reach (default [ 443 ]).";
+      rateLimit = opt (types.submodule {
+        options = {
+          perSecond = mkOption {
+            type = types.either types.ints.positive types.float;
+            description = "Requests per second per host.";
+          };
+          burst = opt types.ints.positive "Token bucket size (default: perSecond).";
+        };
+      }) "Per-host token bucket.";
+      inspectors = mkOption {
+        default = { };
+        description = "Inspector settings by name (real_values, secret_patterns, body_size, entropy, encoded_blobs).";
+        type = types.attrsOf (types.submodule {
+          options = {
+            action = mkOption {
+              type = types.enum [ "flag" "block" ];
+              description = "What a finding does.";
+            };
+            threshold = opt types.float "Entropy threshold in bits per byte.";
+            maxBytes = opt types.ints.positive "Body size limit.";
+            minLength = opt types.ints.positive "Shortest blob reported.";
+          };
+        });
+      };
+      limits = opt (types.submodule {
+        options = {
+          maxTunnels = opt types.ints.positive "Concurrent CONNECT tunnels.";
+          maxHeaderBytes = opt types.ints.positive "Request header size limit.";
+          maxBodyBytes = opt types.ints.positive "Request body size limit.";
+          idleTimeout = opt types.str "Idle timeout, a Go duration such as \"5m\".";
+        };
+      }) "Connection limits.";
+      dns = opt (types.submodule {
+        options = {
+          enabled = opt types.bool "Answer DNS for allowed names (default true).";
+          denyTypes = opt (types.listOf types.str) "Record types refused even for allowed names.";
+          maxLabelLength = opt types.ints.positive "Longest DNS label answered.";
+        };
+      }) "The cage's DNS filter.";
+      credentials = mkOption {
+        default = { };
+        description = "Where a named credential may be sent, so an agent's secret of that name needs only source and env.";
+        type = types.attrsOf (types.submodule {
+          options = {
+            hosts = mkOption {
+              type = types.listOf types.str;
+              description = "Exact host names the real value is injected for.";
+            };
+            header = opt types.str "Header carrying the credential (default Authorization).";
+          };
+        });
+      };
+      unsafeAllowLoopbackUpstreams = opt types.bool "Let the gateway dial loopback addresses. Tests only.";
+      unsafeAllowPrivateUpstreams = opt types.bool "Let the gateway dial private (RFC 1918, ULA) addresses.";
+    };
+  };
+
+  secretModule = { name, ... }: {
+    options = {
+      source = mkOption {
+        type = types.str;
+        example = "/run/secrets/anthropic";
+        description = ''
+          Path of the file holding the real value on the host, read by systemd
+          with LoadCredential= for the egress gateway only; the cage sees a
+          placeholder. A string, not a Nix path, so the secret never enters
+          the Nix store: use `config.sops.secrets.NAME.path` (sops-nix) or
+          `config.age.secrets.NAME.path` (agenix).
+        '';
+      };
+      env = mkOption {
+        type = types.str;
+        example = "ANTHROPIC_API_KEY";
+        description = "Variable holding the placeholder inside the cage.";
+      };
+      hosts = opt (types.listOf types.str) "Exact hosts the real value is injected for (default: the policy's credential \"${name}\").";
+      header = opt types.str "Header carrying the value (default: the policy's, else Authorization).";
+    };
+  };
+
+  agentModule = { name, ... }: {
+    options = {
+      backend = mkOption {
+        type = types.enum [ "service" "nspawn" "podman" ];
+        description = "What runs the agent: a hardened systemd service, systemd-nspawn, or podman.";
+      };
+      command = mkOption {
+        type = types.nonEmptyListOf types.str;
+        example = [ "/nix/tools/bin/claude" ];
+        description = "argv of the agent, as seen inside the cage (no PATH lookup).";
+      };
+      environment = mkOption {
+        type = types.attrsOf types.str;
+        default = { };
+        description = "Extra environment of the agent. No secrets here: they would land in the Nix store.";
+      };
+      workspace = opt types.str "The agent's writable directory, below /var/lib (default /var/lib/nixcage/agents/${name}).";
+      tools = opt types.str "Tool profile in the shared store (default: the current generation).";
+      image = opt types.str "Container image (podman only).";
+      autostart = opt types.bool "Start with nixcage.target (default true).";
+      egress = opt types.str "Name of an egress policy: one of services.nixcage.egressPolicies or a shipped one (claude-code, codex, github, none). Default \"none\" (deny all).";
+      egressPolicy = opt (types.submodule policyModule) "An egress policy for this agent alone, instead of `egress`.";
+      secrets = mkOption {
+        type = types.attrsOf (types.submodule secretModule);
+        default = { };
+        description = "Credentials held by the agent's egress gateway.";
+      };
+      resources = opt (types.submodule {
+        options = {
+          memory = opt types.str "MemoryMax= (default 2G).";
+          cpu = opt types.str "CPUQuota=, e.g. \"150%\".";
+          tasks = opt types.ints.positive "TasksMax= (default 512).";
+        };
+      }) "cgroup limits of the cage.";
+    };
+  };
+in
+{
+  options.services.nixcage = {
+    enable = mkEnableOption "nixcage, cages for untrusted AI agents";
+
+    configFile = opt types.path ''
+      An HCL (or HCL-JSON) configuration used instead of the options below;
+      it is validated and rendered at build time exactly like a declared one.
+    '';
+
+    agents = mkOption {
+      type = types.attrsOf (types.submodule agentModule);
+      default = { };
+      description = "Agents, one cage each. Names are 1-24 characters of a-z, 0-9 and '-'.";
+    };
+
+    egressPolicies = mkOption {
+      type = types.attrsOf (types.submodule policyModule);
+      default = { };
+      description = "Named egress policies agents refer to with `egress`.";
+    };
+
+    accounts = mkOption {
+      default = { };
+      description = "Who may talk to caged over D-Bus, and with which role.";
+      type = types.attrsOf (types.submodule {
+        options = {
+          user = opt types.str "Unix user (exactly one of user, group).";
+          group = opt types.str "Unix group (exactly one of user, group).";
+          role = mkOption {
+            type = types.enum [ "viewer" "operator" "admin" ];
+            description = "viewer reads status; operator starts, stops, kills, quarantines; admin also applies and rolls back releases.";
+          };
+          agents = opt (types.listOf types.str) "Agents covered (default: all).";
+        };
+      });
+    };
+
+    store = opt (types.submodule {
+      options = {
+        root = opt types.str "Shared store root (default /var/lib/nixcage/store).";
+        channel = mkOption {
+          type = types.str;
+          example = "stable";
+          description = "Release channel the store follows.";
+        };
+        keys = mkOption {
+          type = types.listOf types.str;
+          description = "PEM public keys (paths on the host) releases must be signed with.";
+        };
+        nixKeys = opt (types.listOf types.str) "Nix binary cache public keys (name:base64).";
+        threshold = opt types.ints.positive "Distinct keys that must have signed (default 1).";
+        generations = opt types.ints.positive "Store generations kept (default 3).";
+      };
+    }) "The shared read-only tool store and release trust.";
+
+    settings = mkOption {
+      type = types.submodule { freeformType = types.attrsOf jsonValue; };
+      default = { };
+      description = ''
+        Escape hatch (RFC 42): merged over the JSON rendered from the options
+        above, in the HCL-JSON shape of docs/config.md (snake_case keys), for
+        schema fields this module does not declare yet.
+      '';
+      example = { agent.alice.tools = "claude-1.0"; };
+    };
+
+    # Computed by model.nix; read-only so nobody sets it by accident.
+    model = mkOption {
+      type = types.attrsOf types.anything;
+      readOnly = true;
+      internal = true;
+      description = "The configuration as HCL-JSON, what `cagectl validate` checks.";
+    };
+    checks = mkOption {
+      type = types.listOf types.attrs;
+      readOnly = true;
+      internal = true;
+      description = "Assertions computed from the declaration ({ id, assertion, message }).";
+    };
+  };
+}
