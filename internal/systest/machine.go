@@ -67,6 +67,9 @@ type Options struct {
 //     from the pristine cached tree and leaves it untouched.
 //   - --tmpfs=/var/lib/containers: podman's overlay driver refuses to stack
 //     on the overlay root; a tmpfs under it is fine.
+//   - --tmpfs=/var/lib/nixcage: workspaces are bind-mounted with idmap by the
+//     nspawn backend, which overlayfs refuses (EINVAL) but a host's real
+//     /var (ext4, xfs, btrfs) and tmpfs support.
 //   - --system-call-filter=@keyring bpf: runc joins a session keyring and
 //     queries device cgroup BPF programs; nspawn's default seccomp filter
 //     refuses both (EPERM).
@@ -85,6 +88,7 @@ var NspawnArgs = []string{
 	"--private-network",
 	"--volatile=overlay",
 	"--tmpfs=/var/lib/containers",
+	"--tmpfs=/var/lib/nixcage",
 	"--system-call-filter=@keyring bpf",
 	"--resolv-conf=off",
 	"--timezone=off",

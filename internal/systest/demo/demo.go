@@ -117,9 +117,12 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	for _, w := range systest.KnownWorkarounds() {
-		fmt.Fprintf(out, "note: applying harness workaround: %s\n", w.Why)
-		if err := w.Apply(ctx, m); err != nil {
+		applied, err := w.Apply(ctx, m)
+		if err != nil {
 			return err
+		}
+		if applied {
+			fmt.Fprintf(out, "note: applied harness workaround: %s\n", w.Why)
 		}
 	}
 	units, _ := m.Run(ctx, "sh", "-c", "cd /etc/systemd/system && ls -d nixcage* cage-egress*")
