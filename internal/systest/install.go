@@ -125,7 +125,6 @@ func (w Workaround) Apply(ctx context.Context, m *Machine) (bool, error) {
 	return true, err
 }
 
-
 // UnitState is a unit's ActiveState/SubState/Result.
 type UnitState struct{ Active, Sub, Result string }
 
