@@ -91,6 +91,15 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 	if err := systest.InstallNixcage(ctx, m, bins, cfg, nil); err != nil {
 		return err
 	}
+	for _, w := range systest.KnownWorkarounds() {
+		applied, err := w.Apply(ctx, m)
+		if err != nil {
+			return err
+		}
+		if applied {
+			fmt.Fprintf(out, "note: applied harness workaround: %s\n", w.Why)
+		}
+	}
 
 	type row struct {
 		name    string
@@ -112,7 +121,8 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 		r := row{name: b.backend}
 		// Warm the gateway side once; a failing backend is reported, not fatal.
 		if _, err := m.Run(ctx, "systemctl", "start", "nixcage-prep@"+b.agent+".service", systest.ProxySocket(b.agent), systest.DNSSocket(b.agent)); err != nil {
-			r.err = err
+			j, _ := m.Run(ctx, "journalctl", "--no-pager", "-n", "15", "-u", "nixcage-prep@"+b.agent+".service", "-u", "nixcage-netns@"+b.agent+".service")
+			r.err = fmt.Errorf("%w\n%s", err, j)
 			rows = append(rows, r)
 			continue
 		}
@@ -135,6 +145,11 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 			ratio = fmt.Sprintf("%.2fx", float64(med)/float64(baseMed))
 		}
 		fmt.Fprintf(out, "%-24s %10s %10s %8s  %s\n", r.name, ms(med), ms(p90), ratio, targets[r.name])
+	}
+	for _, r := range rows {
+		if r.err != nil {
+			fmt.Fprintf(out, "\n%s failed:\n%v\n", r.name, r.err)
+		}
 	}
 	return nil
 }
