@@ -51,11 +51,7 @@ type fakeDNS struct {
 func startFakeDNS(t testing.TB) *fakeDNS {
 	t.Helper()
 	f := &fakeDNS{records: map[string][][]string{}, count: map[string]int{}}
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", pc.LocalAddr().String())
+	l, pc, err := listenBoth("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}

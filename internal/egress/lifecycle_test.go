@@ -58,11 +58,7 @@ func TestSocketActivation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dl, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	du, err := net.ListenPacket("udp", dl.Addr().String())
+	dl, du, err := listenBoth("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}

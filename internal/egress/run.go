@@ -379,19 +379,37 @@ func listeners(f serveFlags) (*listenerSet, error) {
 		s.proxy = append(s.proxy, l)
 	}
 	if f.listenDNS != "" {
-		l, err := net.Listen("tcp", f.listenDNS)
+		l, pc, err := listenBoth(f.listenDNS)
 		if err != nil {
 			s.close()
 			return nil, fmt.Errorf("--listen-dns: %w", err)
 		}
 		s.dnsTCP = append(s.dnsTCP, l)
-		// Same port for UDP, so a :0 port picks one free for both.
-		pc, err := net.ListenPacket("udp", l.Addr().String())
-		if err != nil {
-			s.close()
-			return nil, fmt.Errorf("--listen-dns udp: %w", err)
-		}
 		s.dnsUDP = append(s.dnsUDP, pc)
 	}
 	return s, nil
+}
+
+// listenBoth listens on TCP and UDP at the same address. With port 0 it
+// retries until one port is free for both protocols.
+func listenBoth(addr string) (net.Listener, net.PacketConn, error) {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	for range 50 {
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			return nil, nil, err
+		}
+		pc, err := net.ListenPacket("udp", l.Addr().String())
+		if err == nil {
+			return l, pc, nil
+		}
+		l.Close()
+		if port != "0" {
+			return nil, nil, err
+		}
+	}
+	return nil, nil, fmt.Errorf("no port free for both tcp and udp at %s", addr)
 }
