@@ -158,7 +158,7 @@ func runServe(ctx context.Context, args []string, stdio Stdio) error {
 	defer al.Close()
 	g, err := New(rt, Options{
 		CredentialsDir: credDir,
-		Resolver:       dnsResolver(resolverAddr),
+		Resolver:       &dnsfilter.Resolver{Server: resolverAddr},
 		UpstreamRoots:  roots,
 		Audit:          al,
 		CA:             authority,
@@ -294,16 +294,6 @@ func systemResolver(path string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("no nameserver in %s; pass --resolver ADDR", path)
-}
-
-// dnsResolver resolves upstream names through one DNS server, ignoring
-// /etc/hosts: the gateway's view of a name is what DNS says, the same view
-// the cage's DNS filter answers from.
-func dnsResolver(addr string) *net.Resolver {
-	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, network, addr)
-	}}
 }
 
 type listenerSet struct {
