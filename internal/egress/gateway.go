@@ -83,15 +83,14 @@ type Options struct {
 
 // Gateway is one agent's egress gateway.
 type Gateway struct {
-	st       atomic.Pointer[state]
-	opts     Options
-	tunnels  atomic.Int64
-	own      map[netip.Addr]bool
-	mu       sync.Mutex
-	listen   map[netip.AddrPort]bool
-	h1, h2   *http.Transport
-	log      *slog.Logger
-	inflight sync.WaitGroup
+	st      atomic.Pointer[state]
+	opts    Options
+	tunnels atomic.Int64
+	own     map[netip.Addr]bool
+	mu      sync.Mutex
+	listen  map[netip.AddrPort]bool
+	h1, h2  *http.Transport
+	log     *slog.Logger
 }
 
 // New builds a gateway from a runtime document. Any inconsistency is an
@@ -286,7 +285,8 @@ func (g *Gateway) newTransport(h2 bool) *http.Transport {
 		IdleConnTimeout:       90 * time.Second,
 		ResponseHeaderTimeout: 5 * time.Minute,
 		DisableCompression:    true,
-		Proxy:                 nil,
+		// Proxy stays nil: the gateway never chains to another proxy,
+		// whatever HTTP_PROXY says in its own environment.
 	}
 	if h2 {
 		t.ForceAttemptHTTP2 = true

@@ -32,7 +32,6 @@ func (g *Gateway) NewProxyServer() *http.Server {
 		// The handler enforces the policy limit with an audit record; this
 		// is the hard cap for headers too large to even parse.
 		MaxHeaderBytes: st.maxHeader + 4096,
-		ErrorLog:       nil,
 	}
 }
 
