@@ -178,6 +178,11 @@ func runServe(ctx context.Context, args []string, stdio Stdio) error {
 	for _, l := range ls.proxy {
 		g.addListener(l.Addr())
 	}
+	// SIGHUP is caught before anything is served (and announced): a reload
+	// request must never kill the gateway.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	errc := make(chan error, len(ls.proxy)+len(ls.dnsTCP)+len(ls.dnsUDP))
 	var servers []*http.Server
 	for _, l := range ls.proxy {
@@ -200,9 +205,6 @@ func runServe(ctx context.Context, args []string, stdio Stdio) error {
 	log.Info("cage-egress serving", "agent", rt.Agent, "proxy", addrs(ls.proxy), "dns", addrs(ls.dnsTCP), "dns_udp", len(ls.dnsUDP), "resolver", resolverAddr)
 	_, _ = daemon.SdNotify(false, daemon.SdNotifyReady)
 
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
 	for {
 		select {
 		case <-ctx.Done():
