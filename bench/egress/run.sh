@@ -3,7 +3,8 @@
 # (tinyproxy, stripe/smokescreen if it builds, mitmproxy's mitmdump), all on
 # loopback against the same upstream, in one run so ratios are comparable.
 #
-#   bench/egress/run.sh            # full run (~2 minutes)
+#   bench/egress/run.sh            # full run (~7 minutes: tinyproxy takes ~90 ms
+#                                  # per new tunnel here, 2000 of them)
 #   QUICK=1 bench/egress/run.sh    # smaller counts
 #
 # Needs: go, tinyproxy, mitmdump (Debian: apt-get install tinyproxy mitmproxy),
@@ -17,8 +18,8 @@ cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 
 trap cleanup EXIT
 ulimit -n 65536 2>/dev/null || ulimit -n 8192
 
-N_LAT=${N_LAT:-2000}; BULK=${BULK:-$((1 << 30))}; RPS_SECS=${RPS_SECS:-10s}; HOLD=${HOLD:-1000}
-if [ -n "${QUICK:-}" ]; then N_LAT=300; BULK=$((256 << 20)); RPS_SECS=3s; fi
+N_LAT=${N_LAT:-2000}; BULK=${BULK:-$((512 << 20))}; ROUNDS=${ROUNDS:-5}; RPS_SECS=${RPS_SECS:-10s}; HOLD=${HOLD:-1000}
+if [ -n "${QUICK:-}" ]; then N_LAT=300; BULK=$((256 << 20)); ROUNDS=3; RPS_SECS=3s; fi
 P_CAGE=${P_CAGE:-23128}; P_TINY=${P_TINY:-23129}; P_SMOKE=${P_SMOKE:-23130}; P_MITM=${P_MITM:-23131}; P_RSS=${P_RSS:-23132}
 
 echo "== building" >&2
@@ -102,8 +103,10 @@ peers=("direct||127.0.0.1:$UP_PORT" "cage-egress|127.0.0.1:$P_CAGE|up.bench.test
 
 echo "== tunnel latency: $N_LAT requests, each on a new tunnel (TCP+CONNECT+TLS+GET)" >&2
 for p in "${peers[@]}"; do IFS='|' read -r name proxy target <<<"$p"; lg latency -label "$name" -proxy "$proxy" -target "$target" -n "$N_LAT"; done
-echo "== tunnel throughput: $BULK bytes, median of 3" >&2
-for p in "${peers[@]}"; do IFS='|' read -r name proxy target <<<"$p"; for _ in 1 2 3; do lg throughput -label "$name" -proxy "$proxy" -target "$target" -bytes "$BULK"; done; done
+echo "== tunnel throughput: $BULK bytes, $ROUNDS interleaved rounds, median" >&2
+for _ in $(seq "$ROUNDS"); do
+  for p in "${peers[@]}"; do IFS='|' read -r name proxy target <<<"$p"; lg throughput -label "$name" -proxy "$proxy" -target "$target" -bytes "$BULK"; done
+done
 echo "== intercepted requests: keep-alive HTTP/1.1, 1 and 32 clients, $RPS_SECS each" >&2
 for c in 1 32; do
   lg rps -label "direct c=$c" -target "127.0.0.1:$UP_PORT" -c $c -d "$RPS_SECS"
@@ -135,7 +138,7 @@ for k, r in lat.items():
     print(f"{k:14}{r['p50_us']:>10.0f}{r['p99_us']:>10.0f}{r['p50_us']/d['p50_us']:>14.2f}{r['errors']:>8}")
 tp = {}
 for r in by("throughput"): tp.setdefault(r["label"], []).append(r["mb_per_s"])
-print("\nTunnel bulk throughput (one tunnel, median of 3)")
+print(f"\nTunnel bulk throughput (one tunnel, median of {len(tp['direct'])} interleaved rounds)")
 print(f"{'':14}{'MiB/s':>10}{'x direct':>10}")
 dm = statistics.median(tp["direct"])
 for k, v in tp.items():

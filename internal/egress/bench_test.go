@@ -21,3 +21,21 @@ func BenchmarkIntercepted(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkInterceptedParallel is the same with concurrent clients, each on
+// its own tunnel.
+func BenchmarkInterceptedParallel(b *testing.B) {
+	h := newHarness(b, nil)
+	hdr := http.Header{"X-Api-Key": {h.ph["anthropic"]}}
+	u := h.tlsURL("api.example.com", "/bench")
+	b.RunParallel(func(pb *testing.PB) {
+		c := h.client(false)
+		c.Transport.(*http.Transport).DisableKeepAlives = false
+		for pb.Next() {
+			if code, _, _, err := h.do(c, "GET", u, hdr, ""); err != nil || code != 200 {
+				b.Error(code, err)
+				return
+			}
+		}
+	})
+}

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nixcage/nixcage/internal/egress/audit"
@@ -59,6 +60,7 @@ func (g *Gateway) forwardWith(w http.ResponseWriter, r *http.Request, t *target,
 		return
 	}
 	if r.ContentLength > st.maxBody {
+		drain(r.Body)
 		g.refuse(w, rec, block(http.StatusRequestEntityTooLarge, "max-body-bytes", "request body of %d bytes exceeds %d", r.ContentLength, st.maxBody), start)
 		return
 	}
@@ -70,6 +72,7 @@ func (g *Gateway) forwardWith(w http.ResponseWriter, r *http.Request, t *target,
 		return
 	}
 	if int64(len(body)) > st.maxBody {
+		drain(r.Body)
 		g.refuse(w, rec, block(http.StatusRequestEntityTooLarge, "max-body-bytes", "request body exceeds %d bytes", st.maxBody), start)
 		return
 	}
@@ -161,6 +164,7 @@ func (g *Gateway) forwardWith(w http.ResponseWriter, r *http.Request, t *target,
 	var red *redactor
 	if len(pairs) > 0 {
 		red = newRedactor(resp.Body, pairs)
+		defer red.release()
 		src = red
 	}
 	n, copyErr := copyFlush(w, src)
@@ -216,7 +220,7 @@ func decodeBasic(v string) (string, bool) {
 func checkPlaceholders(secs []*secrets.Secret, parts []inspect.Part, t *target) *blockedErr {
 	for _, s := range secs {
 		for _, p := range parts {
-			if !bytes.Contains(p.Data, []byte(s.Placeholder)) {
+			if !bytes.Contains(p.Data, s.PlaceholderBytes) {
 				continue
 			}
 			if policy.MatchAny(s.Hosts, t.host) == "" {
@@ -274,12 +278,22 @@ func redactPairs(secs []*secrets.Secret) []pair {
 	return ps
 }
 
+// drain reads and discards a bounded amount of a refused request body, so
+// a client still sending it reads the refusal instead of a connection reset.
+func drain(body io.Reader) {
+	_, _ = io.CopyN(io.Discard, body, 4<<20)
+}
+
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
 // copyFlush copies a response body to the agent, flushing after every chunk
 // so streamed responses (server-sent events from model APIs) arrive as the
 // upstream sends them rather than when a buffer fills.
 func copyFlush(w http.ResponseWriter, src io.Reader) (int64, error) {
 	rc := http.NewResponseController(w)
-	buf := make([]byte, 32<<10)
+	bp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bp)
+	buf := *bp
 	var total int64
 	for {
 		n, err := src.Read(buf)

@@ -83,15 +83,14 @@ type Options struct {
 
 // Gateway is one agent's egress gateway.
 type Gateway struct {
-	st       atomic.Pointer[state]
-	opts     Options
-	tunnels  atomic.Int64
-	own      map[netip.Addr]bool
-	mu       sync.Mutex
-	listen   map[netip.AddrPort]bool
-	h1, h2   *http.Transport
-	log      *slog.Logger
-	inflight sync.WaitGroup
+	st      atomic.Pointer[state]
+	opts    Options
+	tunnels atomic.Int64
+	own     map[netip.Addr]bool
+	mu      sync.Mutex
+	listen  map[netip.AddrPort]bool
+	h1, h2  *http.Transport
+	log     *slog.Logger
 }
 
 // New builds a gateway from a runtime document. Any inconsistency is an
@@ -111,8 +110,8 @@ func New(rt *policy.Runtime, opts Options) (*Gateway, error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(st.intercept) > 0 && opts.CA == nil {
-		return nil, errors.New("egress: policy intercepts hosts but no CA is loaded")
+	if err := checkCA(st, opts.CA); err != nil {
+		return nil, err
 	}
 	g.st.Store(st)
 	g.h1 = g.newTransport(false)
@@ -183,10 +182,28 @@ func (g *Gateway) Reload(rt *policy.Runtime) error {
 	if err != nil {
 		return err
 	}
-	if len(st.intercept) > 0 && g.opts.CA == nil {
-		return errors.New("reload: policy intercepts hosts but no CA is loaded")
+	if err := checkCA(st, g.opts.CA); err != nil {
+		return fmt.Errorf("reload: %w", err)
 	}
 	g.st.Store(st)
+	return nil
+}
+
+// checkCA refuses a configuration whose intercepted hosts the CA cannot
+// vouch for: the agent would reject every leaf for them (name constraints),
+// so it is a configuration error, reported now rather than as TLS failures.
+func checkCA(st *state, a *ca.Authority) error {
+	if len(st.intercept) == 0 {
+		return nil
+	}
+	if a == nil {
+		return errors.New("egress: policy intercepts hosts but no CA is loaded")
+	}
+	for _, p := range st.intercept {
+		if !a.Permits(p) {
+			return fmt.Errorf("egress: the cage CA's name constraints do not cover intercepted host %s; re-run `cage-egress prepare` (restart nixcage-prep@%s) and the agent", p, st.rt.Agent)
+		}
+	}
 	return nil
 }
 
@@ -286,7 +303,8 @@ func (g *Gateway) newTransport(h2 bool) *http.Transport {
 		IdleConnTimeout:       90 * time.Second,
 		ResponseHeaderTimeout: 5 * time.Minute,
 		DisableCompression:    true,
-		Proxy:                 nil,
+		// Proxy stays nil: the gateway never chains to another proxy,
+		// whatever HTTP_PROXY says in its own environment.
 	}
 	if h2 {
 		t.ForceAttemptHTTP2 = true

@@ -51,11 +51,7 @@ type fakeDNS struct {
 func startFakeDNS(t testing.TB) *fakeDNS {
 	t.Helper()
 	f := &fakeDNS{records: map[string][][]string{}, count: map[string]int{}}
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", pc.LocalAddr().String())
+	l, pc, err := listenBoth("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -447,20 +443,26 @@ func (h *harness) do(c *http.Client, method, u string, hdr http.Header, body str
 	return resp.StatusCode, resp.Header, string(b), nil
 }
 
-// records reads the audit file.
-func (h *harness) records() []audit.Record {
+// records reads the complete lines of the audit file (a record being
+// appended right now may be visible half-written).
+func (h *harness) records(t testing.TB) []audit.Record {
 	b, err := os.ReadFile(h.rt.AuditFile)
 	if err != nil {
-		h.t.Fatal(err)
+		t.Fatal(err)
+	}
+	if i := strings.LastIndexByte(string(b), '\n'); i >= 0 {
+		b = b[:i+1]
+	} else {
+		b = nil
 	}
 	var out []audit.Record
-	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+	for _, line := range strings.Split(string(b), "\n") {
 		if line == "" {
 			continue
 		}
 		var r audit.Record
 		if err := json.Unmarshal([]byte(line), &r); err != nil {
-			h.t.Fatalf("audit line %q: %v", line, err)
+			t.Fatalf("audit line %q: %v", line, err)
 		}
 		out = append(out, r)
 	}
@@ -473,7 +475,7 @@ func (h *harness) want(t testing.TB, match func(audit.Record) bool, decision, ru
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		recs := h.records()
+		recs := h.records(t)
 		for i := len(recs) - 1; i >= 0; i-- {
 			if r := recs[i]; match(r) {
 				if r.Decision != decision || (rule != "" && r.Rule != rule) {

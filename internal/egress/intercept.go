@@ -15,8 +15,6 @@ import (
 	"github.com/nixcage/nixcage/internal/policy"
 )
 
-func contextBackground() context.Context { return context.Background() }
-
 // countConn counts bytes through a connection.
 type countConn struct {
 	net.Conn
@@ -104,7 +102,6 @@ func (g *Gateway) intercept(raw net.Conn, pre []byte, t *target, rec audit.Recor
 			}
 		},
 	}
-	srv.SetKeepAlivesEnabled(true)
 	var p http.Protocols
 	p.SetHTTP1(true)
 	p.SetHTTP2(true)

@@ -60,11 +60,7 @@ func TestSocketActivation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dl, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	du, err := net.ListenPacket("udp", dl.Addr().String())
+	dl, du, err := listenBoth("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,7 +222,15 @@ func TestPrepare(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := New(rt2, Options{CredentialsDir: cred, Audit: al, CA: a}); err != nil {
+	// The CA loaded before the policy change no longer covers *.example.net.
+	if _, err := New(rt2, Options{CredentialsDir: cred, Audit: al, CA: a}); err == nil || !strings.Contains(err.Error(), "do not cover intercepted host *.example.net") {
+		t.Fatalf("gateway with a stale CA: %v", err)
+	}
+	a2, err := ca.Load(filepath.Join(rt.CADir, ca.KeyFile), filepath.Join(rt.CADir, ca.CertFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(rt2, Options{CredentialsDir: cred, Audit: al, CA: a2}); err != nil {
 		t.Fatalf("gateway refused prepared state: %v", err)
 	}
 }
@@ -272,6 +276,10 @@ func TestFailClosedOnBrokenConfig(t *testing.T) {
 		}},
 		{"placeholders missing", "run `cage-egress prepare` first", func(rt *policy.Runtime, _ []byte) []byte {
 			rt.PlaceholderFile = filepath.Join(h.dir, "nowhere.json")
+			return nil
+		}},
+		{"CA does not cover an intercepted host", "do not cover intercepted host new.example.com", func(rt *policy.Runtime, _ []byte) []byte {
+			rt.Policy.Inspect = append(rt.Policy.Inspect, "new.example.com") // prepare not re-run
 			return nil
 		}},
 		{"intercept without a CA", "prepare", func(rt *policy.Runtime, _ []byte) []byte {

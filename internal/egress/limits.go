@@ -74,7 +74,15 @@ type redactor struct {
 	eof     bool
 	hits    map[string]bool
 	n       int64
-	buf     []byte
+	buf     *[]byte // from copyBufs; returned by release
+}
+
+// release returns the read buffer to the pool; r must not be read after.
+func (r *redactor) release() {
+	if r.buf != nil {
+		copyBufs.Put(r.buf)
+		r.buf = nil
+	}
 }
 
 func newRedactor(src io.Reader, pairs []pair) *redactor {
@@ -95,10 +103,10 @@ func (r *redactor) Read(p []byte) (int, error) {
 			return 0, io.EOF
 		}
 		if r.buf == nil {
-			r.buf = make([]byte, 16<<10)
+			r.buf = copyBufs.Get().(*[]byte)
 		}
-		n, err := r.src.Read(r.buf)
-		r.pending = append(r.pending, r.buf[:n]...)
+		n, err := r.src.Read(*r.buf)
+		r.pending = append(r.pending, (*r.buf)[:n]...)
 		if err == io.EOF {
 			r.eof = true
 		} else if err != nil {

@@ -32,7 +32,6 @@ func (g *Gateway) NewProxyServer() *http.Server {
 		// The handler enforces the policy limit with an audit record; this
 		// is the hard cap for headers too large to even parse.
 		MaxHeaderBytes: st.maxHeader + 4096,
-		ErrorLog:       nil,
 	}
 }
 
@@ -170,7 +169,14 @@ func (g *Gateway) handleConnect(w http.ResponseWriter, r *http.Request, st *stat
 		g.refuse(w, rec, block(http.StatusServiceUnavailable, "max-tunnels", "%d tunnels open, limit %d", n-1, st.maxTun), start)
 		return
 	}
-	defer g.tunnels.Add(-1)
+	// The slot is released when the tunnel ends, on whichever goroutine
+	// that is.
+	handedOff := false
+	defer func() {
+		if !handedOff {
+			g.tunnels.Add(-1)
+		}
+	}()
 	dst, err := g.resolve(r.Context(), st, host, port)
 	if err != nil {
 		g.refuse(w, rec, resolveBlock(err), start)
@@ -182,9 +188,9 @@ func (g *Gateway) handleConnect(w http.ResponseWriter, r *http.Request, st *stat
 		g.refuse(w, rec, block(http.StatusInternalServerError, "hijack", "cannot take over connection: %v", err), start)
 		return
 	}
-	defer conn.Close()
 	_ = conn.SetDeadline(time.Time{})
 	if _, err := io.WriteString(conn, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+		conn.Close()
 		return
 	}
 	var pre []byte
@@ -193,11 +199,19 @@ func (g *Gateway) handleConnect(w http.ResponseWriter, r *http.Request, st *stat
 		pre = append([]byte(nil), pre...)
 	}
 	t := &target{st: st, host: host, port: port, dst: dst, rule: dec.Rule, tls: true}
-	if st.intercepts(host) {
-		g.intercept(conn, pre, t, rec, start)
-		return
-	}
-	g.tunnel(conn, pre, t, rec, start)
+	// Run the tunnel on a fresh goroutine and let the HTTP server's
+	// connection goroutine end: it would otherwise pin the request, its
+	// buffers and a grown stack for the tunnel's whole life.
+	handedOff = true
+	go func() {
+		defer g.tunnels.Add(-1)
+		defer conn.Close()
+		if st.intercepts(host) {
+			g.intercept(conn, pre, t, rec, start)
+			return
+		}
+		g.tunnel(conn, pre, t, rec, start)
+	}()
 }
 
 // target is a vetted destination.

@@ -153,7 +153,7 @@ func runServe(ctx context.Context, args []string, stdio Stdio) error {
 	defer al.Close()
 	g, err := New(rt, Options{
 		CredentialsDir: credDir,
-		Resolver:       dnsResolver(resolverAddr),
+		Resolver:       &dnsfilter.Resolver{Server: resolverAddr},
 		UpstreamRoots:  roots,
 		Audit:          al,
 		CA:             authority,
@@ -173,6 +173,11 @@ func runServe(ctx context.Context, args []string, stdio Stdio) error {
 	for _, l := range ls.proxy {
 		g.addListener(l.Addr())
 	}
+	// SIGHUP is caught before anything is served (and announced): a reload
+	// request must never kill the gateway.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	errc := make(chan error, len(ls.proxy)+len(ls.dnsTCP)+len(ls.dnsUDP))
 	var servers []*http.Server
 	for _, l := range ls.proxy {
@@ -195,9 +200,6 @@ func runServe(ctx context.Context, args []string, stdio Stdio) error {
 	log.Info("cage-egress serving", "agent", rt.Agent, "proxy", addrs(ls.proxy), "dns", addrs(ls.dnsTCP), "dns_udp", len(ls.dnsUDP), "resolver", resolverAddr)
 	_, _ = daemon.SdNotify(false, daemon.SdNotifyReady)
 
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
 	for {
 		select {
 		case <-ctx.Done():
@@ -291,16 +293,6 @@ func systemResolver(path string) (string, error) {
 	return "", fmt.Errorf("no nameserver in %s; pass --resolver ADDR", path)
 }
 
-// dnsResolver resolves upstream names through one DNS server, ignoring
-// /etc/hosts: the gateway's view of a name is what DNS says, the same view
-// the cage's DNS filter answers from.
-func dnsResolver(addr string) *net.Resolver {
-	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, network, addr)
-	}}
-}
-
 type listenerSet struct {
 	proxy  []net.Listener
 	dnsTCP []net.Listener
@@ -374,19 +366,37 @@ func listeners(f serveFlags) (*listenerSet, error) {
 		s.proxy = append(s.proxy, l)
 	}
 	if f.listenDNS != "" {
-		l, err := net.Listen("tcp", f.listenDNS)
+		l, pc, err := listenBoth(f.listenDNS)
 		if err != nil {
 			s.close()
 			return nil, fmt.Errorf("--listen-dns: %w", err)
 		}
 		s.dnsTCP = append(s.dnsTCP, l)
-		// Same port for UDP, so a :0 port picks one free for both.
-		pc, err := net.ListenPacket("udp", l.Addr().String())
-		if err != nil {
-			s.close()
-			return nil, fmt.Errorf("--listen-dns udp: %w", err)
-		}
 		s.dnsUDP = append(s.dnsUDP, pc)
 	}
 	return s, nil
+}
+
+// listenBoth listens on TCP and UDP at the same address. With port 0 it
+// retries until one port is free for both protocols.
+func listenBoth(addr string) (net.Listener, net.PacketConn, error) {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	for range 50 {
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			return nil, nil, err
+		}
+		pc, err := net.ListenPacket("udp", l.Addr().String())
+		if err == nil {
+			return l, pc, nil
+		}
+		l.Close()
+		if port != "0" {
+			return nil, nil, err
+		}
+	}
+	return nil, nil, fmt.Errorf("no port free for both tcp and udp at %s", addr)
 }

@@ -2,6 +2,7 @@ package egress
 
 import (
 	"bytes"
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -71,7 +72,7 @@ func (g *Gateway) tunnel(conn net.Conn, pre []byte, t *target, rec audit.Record,
 		done(audit.Blocked, "sni-mismatch", fmt.Sprintf("TLS SNI %q does not match CONNECT host %q (domain fronting)", sni, t.host), int64(len(hello)), 0)
 		return
 	}
-	up, err := g.dial(contextBackground(), t.st, t.dst)
+	up, err := g.dial(context.Background(), t.st, t.dst)
 	if err != nil {
 		done(audit.Blocked, "dial", "dial upstream: "+err.Error(), 0, 0)
 		return

@@ -104,21 +104,18 @@ func (l *Logger) Log(r Record) error {
 	if l.Hook != nil {
 		l.Hook(r)
 	}
-	var err error
+	b, err := json.Marshal(r)
+	if err != nil {
+		return fmt.Errorf("audit: %w", err)
+	}
+	b = append(b, '\n')
+	l.mu.Lock()
 	if l.file != nil {
-		b, merr := json.Marshal(r)
-		if merr != nil {
-			return fmt.Errorf("audit: %w", merr)
-		}
-		b = append(b, '\n')
-		l.mu.Lock()
-		if l.file != nil {
-			_, err = l.file.Write(b)
-		}
-		l.mu.Unlock()
-		if err != nil {
-			err = fmt.Errorf("audit: %w", err)
-		}
+		_, err = l.file.Write(b)
+	}
+	l.mu.Unlock()
+	if err != nil {
+		err = fmt.Errorf("audit: %w", err)
 	}
 	if l.journal {
 		prio := journal.PriInfo

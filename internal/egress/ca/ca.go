@@ -214,6 +214,28 @@ func (a *Authority) Leaf(host string) (*tls.Certificate, error) {
 	return c, nil
 }
 
+// Permits reports whether the CA's name constraints allow leaves for every
+// name host pattern p can match ("*.x" needs subdomains of x).
+func (a *Authority) Permits(p string) bool {
+	if len(a.Cert.PermittedDNSDomains) == 0 {
+		return true
+	}
+	name := p
+	if s, ok := strings.CutPrefix(p, "*."); ok {
+		name = "x." + s // any strict subdomain
+	}
+	for _, c := range a.Cert.PermittedDNSDomains {
+		if strings.HasPrefix(c, ".") {
+			if strings.HasSuffix(name, c) {
+				return true
+			}
+		} else if name == c || strings.HasSuffix(name, "."+c) {
+			return true
+		}
+	}
+	return false
+}
+
 // CertPEM is the CA certificate in PEM form.
 func (a *Authority) CertPEM() []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: a.Cert.Raw})

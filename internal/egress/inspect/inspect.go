@@ -115,11 +115,41 @@ var patterns = []pattern{
 	{"private-key", regexp.MustCompile(`-----BEGIN (?:[A-Z]+ )?PRIVATE KEY-----`)},
 }
 
-var (
-	tokenRe  = regexp.MustCompile(`[A-Za-z0-9+/=_.-]+`)
-	base64Re = regexp.MustCompile(`[A-Za-z0-9+/_-]+={0,2}`)
-	hexRe    = regexp.MustCompile(`[0-9a-fA-F]+`)
-)
+// Byte classes for the scanners below (hand-written rather than regexps:
+// they run over every body and dominate inspection cost otherwise).
+var tokenByte, b64Byte, hexByte [256]bool
+
+func init() {
+	for c := 0; c < 256; c++ {
+		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+		tokenByte[c] = alnum || strings.IndexByte("+/=_.-", byte(c)) >= 0
+		b64Byte[c] = alnum || strings.IndexByte("+/_-=", byte(c)) >= 0
+		hexByte[c] = c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F' || c >= '0' && c <= '9'
+	}
+}
+
+// runs calls f for every maximal run of bytes in class; f returns false to
+// stop.
+func runs(b []byte, class *[256]bool, f func([]byte) bool) {
+	start := -1
+	for i := 0; i <= len(b); i++ {
+		in := i < len(b) && class[b[i]]
+		if in && start < 0 {
+			start = i
+		} else if !in && start >= 0 {
+			if !f(b[start:i]) {
+				return
+			}
+			start = -1
+		}
+	}
+}
+
+func longest(b []byte, class *[256]bool) int {
+	n := 0
+	runs(b, class, func(r []byte) bool { n = max(n, len(r)); return true })
+	return n
+}
 
 // Inspect runs every inspector over parts and returns the findings in
 // inspector order. An empty result means the request may proceed.
@@ -164,14 +194,15 @@ func (s *Set) Inspect(parts []Part) []Finding {
 				minLen = DefaultEntropyMinLen
 			}
 			for _, p := range masked {
-				for _, tok := range tokenRe.FindAll(p.Data, -1) {
+				runs(p.Data, &tokenByte, func(tok []byte) bool {
 					if len(tok) >= minLen {
 						if e := Entropy(tok); e >= bits {
 							out = append(out, Finding{in.Name, in.Action, fmt.Sprintf("high-entropy token (%.1f bits/byte, %d bytes) in %s", e, len(tok), p.Where)})
-							break
+							return false
 						}
 					}
-				}
+					return true
+				})
 			}
 		case policy.InspectEncodedBlobs:
 			minLen := in.MinLength
@@ -179,9 +210,9 @@ func (s *Set) Inspect(parts []Part) []Finding {
 				minLen = DefaultBlobMinLen
 			}
 			for _, p := range masked {
-				if n := longest(hexRe, p.Data); n >= minLen {
+				if n := longest(p.Data, &hexByte); n >= minLen {
 					out = append(out, Finding{in.Name, in.Action, fmt.Sprintf("hex run of %d bytes in %s", n, p.Where)})
-				} else if n := longest(base64Re, p.Data); n >= minLen {
+				} else if n := longest(p.Data, &b64Byte); n >= minLen {
 					out = append(out, Finding{in.Name, in.Action, fmt.Sprintf("base64 run of %d bytes in %s", n, p.Where)})
 				}
 			}
@@ -213,14 +244,6 @@ func (s *Set) mask(b []byte) []byte {
 		return b
 	}
 	return []byte(str)
-}
-
-func longest(re *regexp.Regexp, b []byte) int {
-	n := 0
-	for _, m := range re.FindAllIndex(b, -1) {
-		n = max(n, m[1]-m[0])
-	}
-	return n
 }
 
 // Entropy is the Shannon entropy of b in bits per byte.

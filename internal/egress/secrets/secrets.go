@@ -25,6 +25,9 @@ type Secret struct {
 	policy.Secret
 	Real        string
 	Placeholder string
+	// PlaceholderBytes is Placeholder as bytes, for scanning request bodies
+	// without a conversion per request.
+	PlaceholderBytes []byte
 }
 
 // FileSchema versions the placeholder file.
@@ -174,7 +177,7 @@ func Load(rt *policy.Runtime, credDir string) ([]*Secret, error) {
 			}
 			hosts[i] = h
 		}
-		out = append(out, &Secret{Secret: s, Real: real, Placeholder: e.Placeholder})
+		out = append(out, &Secret{Secret: s, Real: real, Placeholder: e.Placeholder, PlaceholderBytes: []byte(e.Placeholder)})
 	}
 	return out, nil
 }
