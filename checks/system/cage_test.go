@@ -14,6 +14,7 @@ import (
 
 	"github.com/nixcage/nixcage/internal/systest"
 	"github.com/nixcage/nixcage/internal/systest/probe"
+	"github.com/nixcage/nixcage/internal/testenv"
 )
 
 // realSecret is what the gateway holds for the agents' API key. It must
@@ -94,6 +95,7 @@ type cageEnv struct {
 // from a rendered config.
 func bootNixcage(t *testing.T, agents ...agentSpec) *cageEnv {
 	t.Helper()
+	testenv.RequireSystem(t) // before building anything
 	bins := systest.Binaries{
 		"cagectl":    systest.BuildT(t, "./cmd/cagectl"),
 		"cage-probe": systest.BuildT(t, probePkg),
