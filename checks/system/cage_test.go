@@ -32,6 +32,10 @@ var cageChecks = []string{
 	"http,https://api.example.com/v1/echo,Authorization,Bearer @env:API_KEY@",
 	"http,https://evil.example.org/upload",
 	"http,https://other.example.net/leak,Authorization,Bearer @env:API_KEY@",
+	"http,https://api.example.com:8443/port",
+	"http,https://loopback.example.com/",
+	"http,https://private.example.com/",
+	"http,https://metadata.example.com/latest/meta-data/",
 	"dial,tcp,203.0.113.10:443",
 	"dial,tcp,192.0.2.1:443",
 	"dial,udp,192.0.2.1:53",
@@ -56,7 +60,7 @@ type agentSpec struct {
 func cageConfig(agents ...agentSpec) string {
 	var b strings.Builder
 	b.WriteString(`egress_policy "systest" {
-  allow   = ["api.example.com", "other.example.net"]
+  allow   = ["api.example.com", "other.example.net", "loopback.example.com", "private.example.com", "metadata.example.com"]
   deny    = ["evil.example.org"]
   inspect = ["api.example.com", "other.example.net"]
 }
@@ -297,6 +301,15 @@ func (e *cageEnv) assertCage(t *testing.T, agent string, got map[string]probe.Re
 	leak := res("http,https://other.example.net/leak,Authorization,Bearer @env:API_KEY@")
 	t.Logf("placeholder to an unbound host: status %d err %q", leak.Status, leak.Error)
 
+	// Allowed names that resolve to loopback, RFC 1918 or the metadata
+	// address, and an allowed host on a port the policy does not list: the
+	// gateway refuses all of them and audits each as blocked.
+	for _, c := range []string{"http,https://api.example.com:8443/port", "http,https://loopback.example.com/", "http,https://private.example.com/", "http,https://metadata.example.com/latest/meta-data/"} {
+		if r := res(c); r.OK && r.Status < 400 {
+			t.Errorf("%s: succeeded (status %d), want a refusal", c, r.Status)
+		}
+	}
+
 	// No route: direct connections fail in the kernel, to the upstream's
 	// real address too.
 	for _, c := range []string{"dial,tcp,203.0.113.10:443", "dial,tcp,192.0.2.1:443", "dial,udp,192.0.2.1:53", "dial,tcp,[2001:db8::1]:443"} {
@@ -348,6 +361,17 @@ func (e *cageEnv) assertCage(t *testing.T, agent string, got map[string]probe.Re
 	// Audit: the denied request is recorded as blocked, the allowed one as
 	// allowed with the secret injected, and no record holds the key.
 	audit := e.auditRecords(t, agent)
+	blockedHost := map[string]bool{}
+	for _, r := range audit {
+		if r["decision"] == "blocked" {
+			blockedHost[fmt.Sprint(r["host"])+":"+fmt.Sprint(r["port"])] = true
+		}
+	}
+	for _, hp := range []string{"api.example.com:8443", "loopback.example.com:443", "private.example.com:443", "metadata.example.com:443"} {
+		if !blockedHost[hp] {
+			t.Errorf("no blocked audit record for %s; blocked: %v", hp, blockedHost)
+		}
+	}
 	var blocked, injected bool
 	for _, r := range audit {
 		line, _ := json.Marshal(r)
