@@ -64,6 +64,7 @@ func BuildT(t testing.TB, pkg string) string {
 		return p
 	}
 	if built.dir == "" {
+		sweepStale()
 		d, err := os.MkdirTemp("", "nixcage-systest-bin-")
 		if err != nil {
 			t.Fatal(err)
@@ -91,5 +92,16 @@ func CleanupBuilds() {
 	defer built.Unlock()
 	if built.dir != "" {
 		os.RemoveAll(built.dir)
+	}
+}
+
+// sweepStale removes build directories of test processes that were killed
+// before their cleanup ran (more than an hour old).
+func sweepStale() {
+	old, _ := filepath.Glob(filepath.Join(os.TempDir(), "nixcage-systest-bin-*"))
+	for _, d := range old {
+		if fi, err := os.Stat(d); err == nil && time.Since(fi.ModTime()) > time.Hour {
+			os.RemoveAll(d)
+		}
 	}
 }
