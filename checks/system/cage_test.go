@@ -87,9 +87,6 @@ agent %q {
 	return b.String()
 }
 
-// workarounds get the harness past known mismatches between components.
-var workarounds = systest.KnownWorkarounds()
-
 type cageEnv struct {
 	m  *systest.Machine
 	in *systest.Internet
@@ -104,18 +101,7 @@ func bootNixcage(t *testing.T, agents ...agentSpec) *cageEnv {
 		"cagectl":    systest.BuildT(t, "./cmd/cagectl"),
 		"cage-probe": systest.BuildT(t, probePkg),
 	}
-	root, err := systest.ModuleRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	switch {
-	case systest.PrebuiltEgress() != "":
-		bins["cage-egress"] = systest.PrebuiltEgress()
-	case fileExists(filepath.Join(root, "cmd/cage-egress/main.go")):
-		bins["cage-egress"] = systest.BuildT(t, "./cmd/cage-egress")
-	default:
-		t.Skip("cage-egress is not on this branch yet (set NIXCAGE_SYSTEST_CAGE_EGRESS=/path/to/cage-egress to use a build from elsewhere)")
-	}
+	bins["cage-egress"] = systest.BuildT(t, "./cmd/cage-egress")
 	m := systest.BootT(t)
 	in := systest.StartInternetT(t, m)
 	cfg := filepath.Join(t.TempDir(), "cages.hcl")
@@ -127,21 +113,7 @@ func bootNixcage(t *testing.T, agents ...agentSpec) *cageEnv {
 	if err := systest.InstallNixcage(ctx, m, bins, cfg, map[string]string{"/etc/nixcage/secrets/api": realSecret}); err != nil {
 		t.Fatal(err)
 	}
-	for _, w := range workarounds {
-		applied, err := w.Apply(ctx, m)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if applied {
-			t.Logf("WORKAROUND (reported to the owner, remove when fixed): %s", w.Why)
-		}
-	}
 	return &cageEnv{m: m, in: in}
-}
-
-func fileExists(p string) bool {
-	_, err := os.Stat(p)
-	return err == nil
 }
 
 // runAgent starts an agent whose command is the probe, waits for it to
@@ -155,13 +127,11 @@ func (e *cageEnv) runAgent(t *testing.T, agent string) map[string]probe.Result {
 	defer func() { t.Logf("agent %s ran in %s", agent, time.Since(start).Round(time.Millisecond)) }()
 	if _, err := e.m.Run(ctx, "systemctl", "start", unit); err != nil {
 		diag := e.unitDiag(agent)
-		skipKnown(t, diag)
 		t.Fatalf("start %s: %v\n%s", unit, err, diag)
 	}
 	st, err := e.m.WaitInactive(ctx, unit)
 	if err != nil {
 		diag := e.unitDiag(agent)
-		skipKnown(t, diag)
 		t.Fatalf("%v\n%s", err, diag)
 	}
 	journal, err := e.m.Journal(ctx, unit)
@@ -173,8 +143,6 @@ func (e *cageEnv) runAgent(t *testing.T, agent string) map[string]probe.Result {
 		t.Fatal(err)
 	}
 	if st.Result != "success" || len(rs) == 0 {
-		diag := e.unitDiag(agent)
-		skipKnown(t, diag)
 		t.Fatalf("%s ended %s/%s (result %s) with %d probe results\n%s", unit, st.Active, st.Sub, st.Result, len(rs), e.unitDiag(agent))
 	}
 	got := map[string]probe.Result{}

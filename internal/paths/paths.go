@@ -66,10 +66,6 @@ func Instance(template, agent string) string {
 	return template
 }
 
-// StoreBindsEnv is written before an nspawn or podman cage starts and names
-// the store binds that exist (those tools cannot skip a missing source).
-func StoreBindsEnv(agent string) string { return filepath.Join(Runtime(agent), "store-binds.env") }
-
 // NetnsName is the name of the agent's network namespace under /run/netns.
 func NetnsName(agent string) string { return "nixcage-" + agent }
 

@@ -152,29 +152,27 @@ func (r *renderer) cageBinds(a *config.Agent) [][3]string {
 
 func stateDir(ws string) string { return strings.TrimPrefix(ws, "/var/lib/") }
 
-// tmpfilesPre makes sure the skeleton root exists before a cage uses it
-// ("+": runs outside the unit's sandbox, which needs the root to exist).
-func (r *renderer) tmpfilesPre() string {
-	return "+" + quoteCmd([]string{r.o.Tmpfiles, "--create", filepath.Join(r.o.Prefix, paths.TmpfilesConf)})
-}
-
-// storeBindsPre writes paths.StoreBindsEnv: NIXCAGE_STORE_BINDS holds one
-// flag per store bind whose source exists, in the given format ("%s" is
-// "SRC:DST"). nspawn and podman refuse a missing source, and the store has
-// no current generation until the first release is applied. systemd reads
-// EnvironmentFile= afresh for each command, so ExecStart sees the result.
-func (r *renderer) storeBindsPre(a *config.Agent, format string) string {
+// withStoreBinds wraps a container manager's command line so that the store
+// binds whose sources exist are added when the cage starts: nspawn and podman
+// refuse a missing source, and the store has no current generation until
+// the first release is applied. prefix are the words before which the binds
+// go (the program and, for podman, its subcommand); rest are the others.
+// Evaluated at each start, so a restart after an apply picks up the tools.
+func (r *renderer) withStoreBinds(a *config.Agent, format string, prefix, rest []string) string {
 	var script strings.Builder
 	script.WriteString("b=; ")
 	for _, bind := range r.cageBinds(a) {
 		if bind[2] != "-" {
 			continue
 		}
-		flag := fmt.Sprintf(format, bind[0]+":"+bind[1])
-		fmt.Fprintf(&script, "if [ -e %s ]; then b=\"$b %s\"; fi; ", bind[0], flag)
+		fmt.Fprintf(&script, "if [ -e %s ]; then b=\"$b %s\"; fi; ", bind[0], fmt.Sprintf(format, bind[0]+":"+bind[1]))
 	}
-	fmt.Fprintf(&script, "echo \"NIXCAGE_STORE_BINDS=$b\" > %s", paths.StoreBindsEnv(a.Name))
-	return "+" + quoteCmd([]string{"/bin/sh", "-c", script.String()})
+	script.WriteString("exec")
+	for _, w := range prefix {
+		script.WriteString(" '" + w + "'")
+	}
+	script.WriteString(` $b "$@"`)
+	return quoteCmd(append([]string{"/bin/sh", "-c", script.String(), "nixcage-" + a.Name}, rest...))
 }
 
 // serviceBackend runs the agent as the unit itself: a dynamic user whose
@@ -183,7 +181,6 @@ func (r *renderer) storeBindsPre(a *config.Agent, format string) string {
 func (r *renderer) serviceBackend(a *config.Agent) section {
 	s := sec("Service",
 		"Type", "exec",
-		"ExecStartPre", r.tmpfilesPre(),
 		"ExecStart", quoteCmd(a.Command),
 		"DynamicUser", "yes",
 		"User", "nixcage-"+a.Name,
@@ -238,7 +235,7 @@ func (r *renderer) serviceBackend(a *config.Agent) section {
 // a volatile tmpfs root holding only the host's /usr, and its own PID, IPC,
 // UTS and mount namespaces. nspawn itself needs root to set that up.
 func (r *renderer) nspawnBackend(a *config.Agent) section {
-	argv := []string{r.o.Nspawn,
+	argv := []string{
 		"--quiet", "--register=no", "--keep-unit",
 		"--directory=/", "--volatile=yes",
 		// ownership=off: the volatile root is a fresh tmpfs and /usr is
@@ -259,23 +256,28 @@ func (r *renderer) nspawnBackend(a *config.Agent) section {
 	for _, kv := range cageEnv(a) {
 		argv = append(argv, "--setenv="+kv[0]+"="+kv[1])
 	}
-	cmd := quoteCmd(argv) + " $NIXCAGE_STORE_BINDS"
+	argv = append(append(argv, "--"), a.Command...)
+	cmd := r.withStoreBinds(a, "--bind-ro=%s", []string{r.o.Nspawn}, argv)
 	// Placeholders come from the EnvironmentFile; ${VAR} is expanded by
 	// systemd, so they reach the container without being rendered here.
+	// They go first: everything after "--" is the agent's command.
+	var setenv string
 	for _, sc := range a.Secrets {
-		cmd += " " + quoteArg("--setenv="+sc.Env+"=") + "${" + sc.Env + "}"
+		setenv += " " + quoteArg("--setenv="+sc.Env+"=") + "${" + sc.Env + "}"
 	}
-	cmd += " -- " + quoteCmd(a.Command)
+	if setenv != "" {
+		marker := " " + quoteArg("nixcage-"+a.Name) + " "
+		i := strings.Index(cmd, marker) + len(marker)
+		cmd = cmd[:i] + strings.TrimPrefix(setenv, " ") + " " + cmd[i:]
+	}
 	return sec("Service",
 		"Type", "exec",
-		"ExecStartPre", r.storeBindsPre(a, "--bind-ro=%s"),
 		"ExecStart", cmd,
 		// nspawn inherits the namespace from its unit: asked to join it
 		// itself (--network-namespace-path=) after creating the user
 		// namespace, it lacks the privilege to (found by checks/system).
 		"NetworkNamespacePath", paths.NetnsPath(a.Name),
 		"EnvironmentFile", filepath.Join(paths.Runtime(a.Name), "agent.env"),
-		"EnvironmentFile", paths.StoreBindsEnv(a.Name),
 		"StateDirectory", stateDir(a.Workspace),
 		"StateDirectoryMode", "0700",
 		"Delegate", "yes",
@@ -329,7 +331,7 @@ func fnv32(s string) uint32 {
 func (r *renderer) podmanBackend(a *config.Agent) section {
 	name := "nixcage-" + a.Name
 	base := strconv.Itoa(r.podmanUIDBase(a.Name))
-	argv := []string{r.o.Podman, "--runtime", "runc", "run",
+	argv := []string{
 		"--rm", "--replace", "--name", name,
 		"--network=ns:" + paths.NetnsPath(a.Name),
 		"--dns=none", "--no-hosts",
@@ -356,21 +358,17 @@ func (r *renderer) podmanBackend(a *config.Agent) section {
 	for _, kv := range cageEnv(a) {
 		argv = append(argv, "--env="+kv[0]+"="+kv[1])
 	}
-	cmd := quoteCmd(argv) + " $NIXCAGE_STORE_BINDS "
 	if a.Image != "" {
-		cmd += quoteArg(a.Image)
+		argv = append(argv, a.Image)
 	} else {
-		cmd += quoteCmd([]string{"--volume=/usr:/usr:ro", "--rootfs", paths.CageRootfs})
+		argv = append(argv, "--volume=/usr:/usr:ro", "--rootfs", paths.CageRootfs)
 	}
-	cmd += " " + quoteCmd(a.Command)
+	argv = append(argv, a.Command...)
 	return sec("Service",
 		"Type", "exec",
-		"ExecStartPre", r.tmpfilesPre(),
-		"ExecStartPre", r.storeBindsPre(a, "--volume=%s:ro"),
-		"ExecStart", cmd,
+		"ExecStart", r.withStoreBinds(a, "--volume=%s:ro", []string{r.o.Podman, "--runtime", "runc", "run"}, argv),
 		"ExecStopPost", "-"+quoteCmd([]string{r.o.Podman, "rm", "--force", "--ignore", name}),
 		"Environment", "CONTAINERS_CONF="+filepath.Join(r.o.Prefix, paths.PodmanConf),
-		"EnvironmentFile", paths.StoreBindsEnv(a.Name),
 		"StateDirectory", stateDir(a.Workspace),
 		"StateDirectoryMode", "0700",
 		"Delegate", "yes",

@@ -242,3 +242,54 @@ func BenchmarkRender(b *testing.B) {
 		})
 	}
 }
+
+// nspawn gets placeholders through systemd's ${VAR} expansion; they must sit
+// among nspawn's options, before the "--" that starts the agent's command,
+// and the store binds are added by the wrapper only when present.
+func TestNspawnCommandLine(t *testing.T) {
+	cfg, diags := config.NewLoader().Load(config.Source{Name: "n.hcl", Data: []byte(`
+egress_policy "p" {
+  allow   = ["api.example.com"]
+  inspect = ["api.example.com"]
+}
+agent "n" {
+  backend = "nspawn"
+  command = ["/bin/sh", "-c", "echo $K"]
+  egress  = "p"
+  secret "k" {
+    source = "/run/secrets/k"
+    env    = "K"
+    hosts  = ["api.example.com"]
+  }
+}`)})
+	if diags.HasErrors() {
+		t.Fatal(diags)
+	}
+	files, err := Render(cfg, DefaultOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var unit string
+	for _, f := range files {
+		if f.Path == "systemd/system/nixcage-agent@n.service" {
+			unit = string(f.Data)
+		}
+	}
+	var exec string
+	for _, l := range strings.Split(unit, "\n") {
+		if strings.HasPrefix(l, "ExecStart=") {
+			exec = l
+		}
+	}
+	setenv := strings.Index(exec, "--setenv=K=${K}")
+	dashdash := strings.Index(exec, " -- ")
+	if setenv < 0 || dashdash < 0 || setenv > dashdash {
+		t.Fatalf("placeholder not among nspawn's options:\n%s", exec)
+	}
+	if !strings.Contains(exec, `exec '/usr/bin/systemd-nspawn' $$b \"$$@\"`) || !strings.Contains(exec, "[ -e /var/lib/nixcage/store/current/top ]") {
+		t.Fatalf("store binds wrapper missing:\n%s", exec)
+	}
+	if !strings.Contains(unit, "NetworkNamespacePath=/run/netns/nixcage-n\n") || strings.Contains(exec, "--network-namespace-path") {
+		t.Fatalf("nspawn must inherit the namespace from its unit:\n%s", unit)
+	}
+}

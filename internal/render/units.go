@@ -127,6 +127,9 @@ func (r *renderer) templates() {
 	prep := sec("Service",
 		"Type", "oneshot",
 		"RemainAfterExit", "yes",
+		// The skeleton root and state directories must exist before any
+		// cage starts; "+" runs this one command outside the sandbox below.
+		"ExecStartPre", "+"+join(r.o.Tmpfiles, "--create", filepath.Join(r.o.Prefix, paths.TmpfilesConf)),
 		"ExecStart", join(r.bin("cage-egress"), "prepare", "--config", paths.EgressConfig(r.o.Prefix, "%i")),
 		"RuntimeDirectory", strings.TrimPrefix(paths.Runtime("%i"), "/run/"),
 		"RuntimeDirectoryMode", "0755",

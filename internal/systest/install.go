@@ -3,7 +3,6 @@ package systest
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -58,73 +57,6 @@ systemctl daemon-reload
 	return nil
 }
 
-// Workaround is a drop-in the harness adds to rendered units to get past a
-// known mismatch between components, so later scenarios still run. Each one
-// is logged by the test that applies it and reported to the component's owner;
-// remove it once the component is fixed.
-type Workaround struct {
-	Why   string
-	Files map[string]string // machine path -> contents (drop-ins)
-	// Needed reports whether the rendered units show the problem; a fixed
-	// component makes the workaround a no-op.
-	Needed func(ctx context.Context, m *Machine) bool
-}
-
-// TmpfilesInRootWorkaround: service agent units run
-// `ExecStartPre=+systemd-tmpfiles --create ...` next to RootDirectory=; on
-// systemd 252 the "+" command still runs chrooted into the skeleton, where
-// /proc is not mounted, so tmpfiles fails and the agent never starts. The
-// drop-ins move the step to nixcage-prep@ (root, no chroot, ordered before
-// the agent) and clear it from the agent.
-var TmpfilesInRootWorkaround = Workaround{
-	Why: "service agent units run ExecStartPre=+systemd-tmpfiles with RootDirectory=; systemd 252 chroots it into the skeleton (no /proc) and it fails",
-	Files: map[string]string{
-		"/etc/systemd/system/nixcage-agent@.service.d/90-systest-tmpfiles.conf": "[Service]\nExecStartPre=\n",
-		"/etc/systemd/system/nixcage-prep@.service.d/90-systest-tmpfiles.conf":  "[Service]\nExecStartPre=+/usr/bin/systemd-tmpfiles --create /etc/tmpfiles.d/nixcage.conf\n",
-	},
-	Needed: func(ctx context.Context, m *Machine) bool {
-		out, _ := m.Shell(ctx, `grep -l '^RootDirectory=' /etc/systemd/system/nixcage-agent@*.service | xargs -r grep -l '^ExecStartPre=+.*systemd-tmpfiles' || true`)
-		return strings.TrimSpace(out) != ""
-	},
-}
-
-// StoreBindsEnvWorkaround: nspawn agent units name
-// EnvironmentFile=/run/nixcage/cage/%i/store-binds.env, which their own
-// ExecStartPre writes; systemd loads environment files for ExecStartPre too,
-// so the unit fails ("Failed to load environment files") before the file can
-// exist. Marking it optional ("-") is enough: files are re-read per command.
-var StoreBindsEnvWorkaround = Workaround{
-	Why: "nspawn agent units require EnvironmentFile=.../store-binds.env, which only their own ExecStartPre creates; it must be optional (EnvironmentFile=-...)",
-	Files: map[string]string{
-		"/etc/systemd/system/nixcage-agent@.service.d/91-systest-store-binds.conf": "[Service]\nEnvironmentFile=\n" +
-			"EnvironmentFile=/run/nixcage/cage/%i/agent.env\nEnvironmentFile=-/run/nixcage/cage/%i/store-binds.env\n",
-	},
-	Needed: func(ctx context.Context, m *Machine) bool {
-		out, _ := m.Shell(ctx, `grep -l '^EnvironmentFile=/run/nixcage/cage/.*/store-binds.env' /etc/systemd/system/nixcage-agent@*.service || true`)
-		return strings.TrimSpace(out) != ""
-	},
-}
-
-// KnownWorkarounds are the ones in force.
-func KnownWorkarounds() []Workaround {
-	return []Workaround{TmpfilesInRootWorkaround, StoreBindsEnvWorkaround}
-}
-
-// Apply installs the drop-ins (if needed) and reloads systemd. It reports
-// whether it did anything.
-func (w Workaround) Apply(ctx context.Context, m *Machine) (bool, error) {
-	if w.Needed != nil && !w.Needed(ctx, m) {
-		return false, nil
-	}
-	for p, c := range w.Files {
-		if err := m.WriteFile(p, []byte(c), 0o644); err != nil {
-			return false, err
-		}
-	}
-	_, err := m.Run(ctx, "systemctl", "daemon-reload")
-	return true, err
-}
-
 // UnitState is a unit's ActiveState/SubState/Result.
 type UnitState struct{ Active, Sub, Result string }
 
@@ -173,7 +105,3 @@ func DNSSocket(agent string) string { return paths.Instance(paths.DNSSocketTpl, 
 
 // AuditLog is the gateway's JSONL audit file for an agent.
 func AuditLog(agent string) string { return filepath.Join(paths.AuditDir(agent), "audit.jsonl") }
-
-// PrebuiltEgress lets a run use a cage-egress built elsewhere (the egress
-// branch before it lands): NIXCAGE_SYSTEST_CAGE_EGRESS=/path/to/binary.
-func PrebuiltEgress() string { return os.Getenv("NIXCAGE_SYSTEST_CAGE_EGRESS") }

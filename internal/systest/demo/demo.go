@@ -29,7 +29,7 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 	agent := fs.String("agent", "demo", "agent to start")
 	secret := fs.String("secret", "/etc/nixcage/secrets/demo-api=sk-demo-REAL-7f3a9c2e41b8d6055e1a", "PATH=VALUE: the real credential the gateway holds")
 	keep := fs.Bool("keep", false, "leave the machine running and print how to enter it")
-	egressBin := fs.String("cage-egress", systest.PrebuiltEgress(), "use this cage-egress binary instead of building ./cmd/cage-egress")
+	egressBin := fs.String("cage-egress", "", "use this cage-egress binary instead of building ./cmd/cage-egress")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -115,15 +115,6 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 	step("installing nixcage: cagectl render %s --out /etc; daemon-reload", filepath.Base(cfg))
 	if err := systest.InstallNixcage(ctx, m, bins, cfg, map[string]string{secretPath: secretValue}); err != nil {
 		return err
-	}
-	for _, w := range systest.KnownWorkarounds() {
-		applied, err := w.Apply(ctx, m)
-		if err != nil {
-			return err
-		}
-		if applied {
-			fmt.Fprintf(out, "note: applied harness workaround: %s\n", w.Why)
-		}
 	}
 	units, _ := m.Run(ctx, "sh", "-c", "cd /etc/systemd/system && ls -d nixcage* cage-egress*")
 	fmt.Fprint(out, indent(units))

@@ -52,7 +52,7 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("start-latency", flag.ContinueOnError)
 	fs.SetOutput(out)
 	n := fs.Int("n", 20, "starts per backend")
-	egressBin := fs.String("cage-egress", systest.PrebuiltEgress(), "cage-egress binary (default: build ./cmd/cage-egress)")
+	egressBin := fs.String("cage-egress", "", "cage-egress binary (default: build ./cmd/cage-egress)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -90,15 +90,6 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 	defer m.Close()
 	if err := systest.InstallNixcage(ctx, m, bins, cfg, nil); err != nil {
 		return err
-	}
-	for _, w := range systest.KnownWorkarounds() {
-		applied, err := w.Apply(ctx, m)
-		if err != nil {
-			return err
-		}
-		if applied {
-			fmt.Fprintf(out, "note: applied harness workaround: %s\n", w.Why)
-		}
 	}
 
 	type row struct {
