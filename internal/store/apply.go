@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/nix-community/go-nix/pkg/nar"
 	"golang.org/x/sys/unix"
@@ -35,6 +36,13 @@ type Result struct {
 	Bytes      int64 // NAR bytes unpacked
 	Pruned     []uint64
 	Collected  []string
+	Phases     []Phase // wall time per step, for operators and benchmarks
+}
+
+// Phase is the duration of one step of an apply.
+type Phase struct {
+	Name     string
+	Duration time.Duration
 }
 
 // Apply verifies the release at src and makes it the current generation.
@@ -71,6 +79,13 @@ func (s *Store) Apply(ctx context.Context, src release.Source) (*Result, error) 
 	prev, err := s.Current()
 	if err != nil {
 		return nil, err
+	}
+	var phases []Phase
+	mark := time.Now()
+	phase := func(name string) {
+		now := time.Now()
+		phases = append(phases, Phase{name, now.Sub(mark)})
+		mark = now
 	}
 	s.progress(Progress{Phase: "verify"})
 	rel, err := release.Open(ctx, src, release.Policy{
@@ -117,6 +132,7 @@ func (s *Store) Apply(ctx context.Context, src release.Source) (*Result, error) 
 		total += int64(p.NarSize)
 	}
 
+	phase("verify-manifest")
 	tmp, err := os.MkdirTemp(s.root, tmpPrefix+strconv.FormatUint(m.Generation, 10)+"-")
 	if err != nil {
 		return nil, fmt.Errorf("create work directory: %w", err)
@@ -126,6 +142,7 @@ func (s *Store) Apply(ctx context.Context, src release.Source) (*Result, error) 
 		return nil, err
 	}
 	res.Added, res.Bytes = len(todo), total
+	phase("unpack")
 	crashPoint("unpacked")
 
 	// One syncfs makes every unpacked byte durable before any path gets its
@@ -133,6 +150,7 @@ func (s *Store) Apply(ctx context.Context, src release.Source) (*Result, error) 
 	if err := syncFS(tmp); err != nil {
 		return nil, err
 	}
+	phase("syncfs")
 	s.progress(Progress{Phase: "switch", Done: len(todo), Total: len(todo), Bytes: total, TotalBytes: total})
 	for _, p := range todo {
 		crashPoint("rename-path")
@@ -161,10 +179,13 @@ func (s *Store) Apply(ctx context.Context, src release.Source) (*Result, error) 
 	if err := s.writeState(st); err != nil {
 		return nil, fmt.Errorf("record generation: %w", err)
 	}
+	phase("switch")
 	crashPoint("recorded")
 	s.log.Info("store: applied release", "generation", m.Generation, "previous", prev,
 		"channel", m.Channel, "top", m.Top, "added", res.Added, "reused", res.Reused, "bytes", total)
 	res.Pruned, res.Collected, err = s.pruneLocked()
+	phase("prune")
+	res.Phases = phases
 	if err != nil {
 		// The release is active; only cleanup failed.
 		return res, fmt.Errorf("generation %d is active, but cleanup failed: %w", m.Generation, err)
