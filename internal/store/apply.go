@@ -109,7 +109,7 @@ func (s *Store) Apply(ctx context.Context, src release.Source) (*Result, error) 
 	var total int64
 	for _, p := range m.Paths {
 		if h, ok := known[p.Name()]; ok {
-			if h != p.NarHash {
+			if !sameHash(h, p.NarHash) {
 				return nil, fmt.Errorf("release refused: %s is already in the store with NarHash %s, the release says %s", p.Path, h, p.NarHash)
 			}
 			if _, err := os.Lstat(filepath.Join(s.storeDir(), p.Name())); err == nil {
@@ -197,6 +197,13 @@ func (s *Store) progress(p Progress) {
 	if s.opts.Progress != nil {
 		s.opts.Progress(p)
 	}
+}
+
+// sameHash compares two NAR hashes by digest, whatever their encoding.
+func sameHash(a, b string) bool {
+	da, err1 := release.PathInfo{NarHash: a}.Digest()
+	db, err2 := release.PathInfo{NarHash: b}.Digest()
+	return err1 == nil && err2 == nil && bytes.Equal(da, db)
 }
 
 // knownHashes maps every path of every kept generation to its NarHash.
