@@ -56,29 +56,37 @@ for comp in $COMPS; do
   echo "release create ($comp): $(secs "$t0" "$(now)") s (re-hash + sign; not compared), cache $(du -sm "$W/rel-$comp" | cut -f1) MiB"
 done
 
-echo "== apply vs nix copy --from file:// (median of ${ROUNDS:=3} interleaved rounds)"
+echo "== apply vs nix copy --from file:// (median of ${ROUNDS:=3} alternating rounds)"
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+# Every round writes to fresh directories and nothing is deleted until the
+# end: ext4 makes inode allocation right after a mass delete expensive
+# (recently_deleted() scans), which would penalise whichever tool runs
+# next. The order alternates between rounds.
+run_cagectl() {
+  local t0; t0=$(now)
+  "$W/cagectl" apply "$W/rel-$comp" --offline --store "$W/root-$comp-$r" --channel bench --key "$W/key.pub" >/dev/null
+  ta+=("$(secs "$t0" "$(now)")")
+}
+run_nix() {
+  local t0 t1; t0=$(now)
+  "${NIX[@]}" copy --no-check-sigs --from "file://$W/rel-$comp" --to "$W/chroot-$comp-$r" "$TOP" 2>/dev/null
+  t1=$(now)
+  # cagectl's apply ends with syncfs (durable); Nix does not sync file
+  # data, so also report Nix plus the flush that makes it as durable.
+  sync -f "$W/chroot-$comp-$r"
+  tn+=("$(secs "$t0" "$t1")") tns+=("$(secs "$t0" "$(now)")")
+}
 for comp in $COMPS; do
   ta=() tn=() tns=()
   for r in $(seq "$ROUNDS"); do
-    clean "$W/root-$comp"; clean "$W/chroot-$comp"; sync -f "$W"
-    cat "$W"/rel-$comp/nar/* >/dev/null # same page-cache state for both
-    t0=$(now)
-    "$W/cagectl" apply "$W/rel-$comp" --offline --store "$W/root-$comp" --channel bench --key "$W/key.pub" >/dev/null
-    ta+=("$(secs "$t0" "$(now)")")
     sync -f "$W"
-    t0=$(now)
-    "${NIX[@]}" copy --no-check-sigs --from "file://$W/rel-$comp" --to "$W/chroot-$comp" "$TOP" 2>/dev/null
-    t1=$(now)
-    # cagectl's apply ends with syncfs (durable); Nix does not sync file
-    # data, so also report Nix plus the flush that makes it as durable.
-    sync -f "$W/chroot-$comp"
-    tn+=("$(secs "$t0" "$t1")") tns+=("$(secs "$t0" "$(now)")")
+    cat "$W"/rel-$comp/nar/* >/dev/null # same page-cache state for both
+    if ((r % 2)); then run_cagectl; sync -f "$W"; run_nix; else run_nix; sync -f "$W"; run_cagectl; fi
   done
   a=$(median "${ta[@]}") n=$(median "${tn[@]}") ns=$(median "${tns[@]}")
   printf 'apply %-4s  cagectl %6.2f s   nix copy %6.2f s (%.2fx)   nix copy + sync %6.2f s (%.2fx)   [cagectl: %s] [nix: %s]\n' \
     "$comp" "$a" "$n" "$(echo "$n / $a" | bc -l)" "$ns" "$(echo "$ns / $a" | bc -l)" "${ta[*]}" "${tn[*]}"
-  "$W/cagectl" store verify --store "$W/root-$comp" >/dev/null
+  "$W/cagectl" store verify --store "$W/root-$comp-1" >/dev/null
 done
 echo "(ratios are nix time / cagectl time: above 1 means cagectl is faster)"
 

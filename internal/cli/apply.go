@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"time"
 
 	"github.com/nixcage/nixcage/internal/release"
 	"github.com/nixcage/nixcage/internal/store"
@@ -32,6 +33,7 @@ func logger(env *Env) *slog.Logger {
 func runApply(ctx context.Context, env *Env, args []string) error {
 	fl := newFlags(env, "apply")
 	sf := addStoreFlags(fl, true)
+	verbose := fl.Bool("v", false, "print how long each step took")
 	pos, err := parseFlags(fl, args)
 	if err != nil {
 		return err
@@ -72,6 +74,11 @@ func runApply(ctx context.Context, env *Env, args []string) error {
 	}
 	fmt.Fprintf(env.Out, "generation %d (channel %s) is current, was %d: %s; %d paths added (%s), %d reused; pruned %d generation(s), collected %d path(s)\n",
 		res.Generation, res.Channel, res.Previous, res.Top, res.Added, mib(res.Bytes), res.Reused, len(res.Pruned), len(res.Collected))
+	if *verbose {
+		for _, p := range res.Phases {
+			fmt.Fprintf(env.Out, "  %-16s %v\n", p.Name, p.Duration.Round(time.Millisecond))
+		}
+	}
 	return nil
 }
 

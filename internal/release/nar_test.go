@@ -5,8 +5,10 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -127,4 +129,30 @@ func FuzzUnpackNAR(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		UnpackNAR(bytes.NewReader(b), "") // must not panic or hang
 	})
+}
+
+// Cages read the store as other users: modes must be exactly 0444/0555
+// even when the unpacking process runs with umask 077. The umask is
+// process-wide, so this runs in a child process.
+func TestUnpackNARIgnoresUmask(t *testing.T) {
+	if dst := os.Getenv("NIXCAGE_UMASK_CHILD"); dst != "" {
+		syscall.Umask(0o077)
+		if _, err := UnpackNAR(bytes.NewReader(dirNAR(file("a", "x", false), file("b", "y", true))), dst); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	dst := filepath.Join(t.TempDir(), "out")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestUnpackNARIgnoresUmask$")
+	cmd.Env = append(os.Environ(), "NIXCAGE_UMASK_CHILD="+dst)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+	defer makeWritable(dst)
+	for name, want := range map[string]os.FileMode{"": 0o555, "a": 0o444, "b": 0o555} {
+		fi, err := os.Stat(filepath.Join(dst, name))
+		if err != nil || fi.Mode().Perm() != want {
+			t.Errorf("%q: mode %v (%v), want %v", name, fi.Mode().Perm(), err, want)
+		}
+	}
 }

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/nix-community/go-nix/pkg/nar"
 	"golang.org/x/sys/unix"
@@ -35,6 +36,13 @@ type Result struct {
 	Bytes      int64 // NAR bytes unpacked
 	Pruned     []uint64
 	Collected  []string
+	Phases     []Phase // wall time per step, for operators and benchmarks
+}
+
+// Phase is the duration of one step of an apply.
+type Phase struct {
+	Name     string
+	Duration time.Duration
 }
 
 // Apply verifies the release at src and makes it the current generation.
@@ -72,6 +80,13 @@ func (s *Store) Apply(ctx context.Context, src release.Source) (*Result, error) 
 	if err != nil {
 		return nil, err
 	}
+	var phases []Phase
+	mark := time.Now()
+	phase := func(name string) {
+		now := time.Now()
+		phases = append(phases, Phase{name, now.Sub(mark)})
+		mark = now
+	}
 	s.progress(Progress{Phase: "verify"})
 	rel, err := release.Open(ctx, src, release.Policy{
 		Keys: s.keys, Threshold: s.opts.Threshold, Channel: s.opts.Channel,
@@ -94,7 +109,7 @@ func (s *Store) Apply(ctx context.Context, src release.Source) (*Result, error) 
 	var total int64
 	for _, p := range m.Paths {
 		if h, ok := known[p.Name()]; ok {
-			if h != p.NarHash {
+			if !sameHash(h, p.NarHash) {
 				return nil, fmt.Errorf("release refused: %s is already in the store with NarHash %s, the release says %s", p.Path, h, p.NarHash)
 			}
 			if _, err := os.Lstat(filepath.Join(s.storeDir(), p.Name())); err == nil {
@@ -117,6 +132,7 @@ func (s *Store) Apply(ctx context.Context, src release.Source) (*Result, error) 
 		total += int64(p.NarSize)
 	}
 
+	phase("verify-manifest")
 	tmp, err := os.MkdirTemp(s.root, tmpPrefix+strconv.FormatUint(m.Generation, 10)+"-")
 	if err != nil {
 		return nil, fmt.Errorf("create work directory: %w", err)
@@ -126,6 +142,7 @@ func (s *Store) Apply(ctx context.Context, src release.Source) (*Result, error) 
 		return nil, err
 	}
 	res.Added, res.Bytes = len(todo), total
+	phase("unpack")
 	crashPoint("unpacked")
 
 	// One syncfs makes every unpacked byte durable before any path gets its
@@ -133,6 +150,7 @@ func (s *Store) Apply(ctx context.Context, src release.Source) (*Result, error) 
 	if err := syncFS(tmp); err != nil {
 		return nil, err
 	}
+	phase("syncfs")
 	s.progress(Progress{Phase: "switch", Done: len(todo), Total: len(todo), Bytes: total, TotalBytes: total})
 	for _, p := range todo {
 		crashPoint("rename-path")
@@ -161,10 +179,13 @@ func (s *Store) Apply(ctx context.Context, src release.Source) (*Result, error) 
 	if err := s.writeState(st); err != nil {
 		return nil, fmt.Errorf("record generation: %w", err)
 	}
+	phase("switch")
 	crashPoint("recorded")
 	s.log.Info("store: applied release", "generation", m.Generation, "previous", prev,
 		"channel", m.Channel, "top", m.Top, "added", res.Added, "reused", res.Reused, "bytes", total)
 	res.Pruned, res.Collected, err = s.pruneLocked()
+	phase("prune")
+	res.Phases = phases
 	if err != nil {
 		// The release is active; only cleanup failed.
 		return res, fmt.Errorf("generation %d is active, but cleanup failed: %w", m.Generation, err)
@@ -176,6 +197,13 @@ func (s *Store) progress(p Progress) {
 	if s.opts.Progress != nil {
 		s.opts.Progress(p)
 	}
+}
+
+// sameHash compares two NAR hashes by digest, whatever their encoding.
+func sameHash(a, b string) bool {
+	da, err1 := release.PathInfo{NarHash: a}.Digest()
+	db, err2 := release.PathInfo{NarHash: b}.Digest()
+	return err1 == nil && err2 == nil && bytes.Equal(da, db)
 }
 
 // knownHashes maps every path of every kept generation to its NarHash.

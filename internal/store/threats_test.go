@@ -421,3 +421,29 @@ func TestXZDecoders(t *testing.T) {
 		})
 	}
 }
+
+// A release that claims different content for a path the store already
+// holds is refused before anything is fetched.
+func TestPresentPathWithOtherHashRefused(t *testing.T) {
+	f := getFixture(t)
+	s := f.open(t, filepath.Join(t.TempDir(), "root"), nil)
+	if _, err := applyDir(t, s, f.relA); err != nil {
+		t.Fatal(err)
+	}
+	before := snapshot(t, s.Root())
+	bad := f.release(t, f.relA, nil, func(m *release.Manifest) {
+		m.Generation = 2
+		for i := range m.Paths {
+			if strings.HasSuffix(m.Paths[i].Path, "-tool-a") {
+				m.Paths[i].NarHash = "sha256:" + strings.Repeat("0", 52)
+			}
+		}
+	})
+	_, err := applyDir(t, s, bad)
+	if err == nil || !strings.Contains(err.Error(), "is already in the store with NarHash") {
+		t.Fatalf("apply: %v", err)
+	}
+	if snapshot(t, s.Root()) != before {
+		t.Fatal("store changed")
+	}
+}
