@@ -32,6 +32,7 @@ func (g *Gateway) NewProxyServer() *http.Server {
 		// The handler enforces the policy limit with an audit record; this
 		// is the hard cap for headers too large to even parse.
 		MaxHeaderBytes: st.maxHeader + 4096,
+		ConnContext:    connContext,
 	}
 }
 
@@ -75,6 +76,7 @@ func (g *Gateway) logAudit(rec audit.Record) {
 
 func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
+	markServed(r.Context())
 	st := g.st.Load()
 	if r.Method == http.MethodConnect {
 		g.handleConnect(w, r, st, start)
@@ -183,11 +185,12 @@ func (g *Gateway) handleConnect(w http.ResponseWriter, r *http.Request, st *stat
 		return
 	}
 	rc := http.NewResponseController(w)
-	conn, brw, err := rc.Hijack()
+	hc, brw, err := rc.Hijack()
 	if err != nil {
 		g.refuse(w, rec, block(http.StatusInternalServerError, "hijack", "cannot take over connection: %v", err), start)
 		return
 	}
+	conn := rawConn(hc)
 	_ = conn.SetDeadline(time.Time{})
 	if _, err := io.WriteString(conn, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 		conn.Close()

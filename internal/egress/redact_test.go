@@ -2,6 +2,7 @@ package egress
 
 import (
 	"io"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -82,5 +83,75 @@ func TestRedactorStreams(t *testing.T) {
 	out, _ := io.ReadAll(r)
 	if string(out) != "data: placeholder1 done" {
 		t.Fatalf("got %q", out)
+	}
+}
+
+// The streaming redactor must agree with a whole-buffer replacement for any
+// input and any read sizes.
+func FuzzRedactor(f *testing.F) {
+	f.Add([]byte("a SECRETVALUE1 b XY"), uint8(3))
+	f.Add([]byte("SECRETSECRETVALUE1XYX"), uint8(1))
+	f.Fuzz(func(t *testing.T, in []byte, step uint8) {
+		pairs := []pair{{name: "a", from: []byte("SECRETVALUE1"), to: []byte("placeholder1")}, {name: "b", from: []byte("XY"), to: []byte("ab")}}
+		want := redactRef(string(in))
+		n := int(step%16) + 1
+		r := newRedactor(&chunkReader{b: in, n: n}, pairs)
+		got, err := io.ReadAll(r)
+		if err != nil || string(got) != want {
+			t.Fatalf("in %q step %d: got %q, want %q", in, n, got, want)
+		}
+	})
+}
+
+type chunkReader struct {
+	b []byte
+	n int
+}
+
+func (c *chunkReader) Read(p []byte) (int, error) {
+	if len(c.b) == 0 {
+		return 0, io.EOF
+	}
+	k := min(c.n, len(p), len(c.b))
+	copy(p, c.b[:k])
+	c.b = c.b[k:]
+	return k, nil
+}
+
+// redactRef is the whole-buffer reference: leftmost match first.
+func redactRef(in string) string {
+	var sb strings.Builder
+	for i := 0; i < len(in); {
+		switch {
+		case strings.HasPrefix(in[i:], "SECRETVALUE1"):
+			sb.WriteString("placeholder1")
+			i += 12
+		case strings.HasPrefix(in[i:], "XY"):
+			sb.WriteString("ab")
+			i += 2
+		default:
+			sb.WriteByte(in[i])
+			i++
+		}
+	}
+	return sb.String()
+}
+
+// Random inputs over the values' own alphabet, so partial and overlapping
+// matches are frequent, at every read size.
+func TestRedactorMatchesReference(t *testing.T) {
+	alpha := []byte("SECRETVALUE1XYa")
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 20000 {
+		in := make([]byte, rng.IntN(40))
+		for i := range in {
+			in[i] = alpha[rng.IntN(len(alpha))]
+		}
+		n := rng.IntN(16) + 1
+		r := newRedactor(&chunkReader{b: in, n: n}, []pair{{name: "a", from: []byte("SECRETVALUE1"), to: []byte("placeholder1")}, {name: "b", from: []byte("XY"), to: []byte("ab")}})
+		got, err := io.ReadAll(r)
+		if want := redactRef(string(in)); err != nil || string(got) != want {
+			t.Fatalf("in %q step %d: got %q, want %q", in, n, got, want)
+		}
 	}
 }

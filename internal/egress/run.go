@@ -183,7 +183,7 @@ func runServe(ctx context.Context, args []string, stdio Stdio) error {
 	for _, l := range ls.proxy {
 		srv := g.NewProxyServer()
 		servers = append(servers, srv)
-		go func() { errc <- srv.Serve(l) }()
+		go func() { errc <- srv.Serve(g.ProxyListener(l)) }()
 	}
 	filter := &dnsfilter.Filter{Current: g.dnsConfig, Upstream: resolverAddr, Audit: al}
 	var dnsServers []*dns.Server

@@ -466,6 +466,35 @@ func TestThreatFloods(t *testing.T) {
 		}
 		h.want(t, func(r audit.Record) bool { return r.Path == "/hdr" }, audit.Blocked, "max-header-bytes")
 	})
+	t.Run("headers beyond what the server parses", func(t *testing.T) {
+		conn, err := net.Dial("tcp", h.proxyAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: plain.example.com\r\nX-Junk: %s\r\n\r\n", h.httpURL("plain.example.com", "/hard"), strings.Repeat("j", 64<<10))
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil || resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+			t.Fatalf("got %v %v", resp, err)
+		}
+		r := h.want(t, func(r audit.Record) bool { return r.Rule == "http-protocol" }, audit.Blocked, "http-protocol")
+		if !strings.Contains(r.Reason, "431") {
+			t.Fatalf("reason %q", r.Reason)
+		}
+	})
+	t.Run("malformed request", func(t *testing.T) {
+		conn, err := net.Dial("tcp", h.proxyAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		fmt.Fprintf(conn, "GET http://plain.example.com/ HTTP/1.1\r\nHost: plain.example.com\r\nBad Header Name: x\r\n\r\n")
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil || resp.StatusCode != http.StatusBadRequest {
+			t.Fatalf("got %v %v", resp, err)
+		}
+		h.want(t, func(r audit.Record) bool { return r.Rule == "http-protocol" && strings.Contains(r.Reason, "400") }, audit.Blocked, "http-protocol")
+	})
 	t.Run("slow client is dropped", func(t *testing.T) {
 		conn, err := net.Dial("tcp", h.proxyAddr)
 		if err != nil {
@@ -481,6 +510,7 @@ func TestThreatFloods(t *testing.T) {
 		if strings.Contains(string(b), " 200 ") {
 			t.Fatalf("slow client got a tunnel: %q", b)
 		}
+		h.want(t, func(r audit.Record) bool { return r.Rule == "header-timeout" }, audit.Blocked, "header-timeout")
 	})
 	t.Run("idle tunnel is closed", func(t *testing.T) {
 		h2 := newHarness(t, func(rt *policy.Runtime) {
