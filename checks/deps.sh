@@ -7,7 +7,7 @@ pkgs=(
   ca-certificates curl git iproute2 dbus           # basics, ip netns, dbus-daemon
   systemd-container debootstrap                    # systemd-nspawn, booted test machines
   podman runc uidmap                               # podman backend (runc: crun fails on hybrid cgroups)
-  nix-bin                                          # real Nix stores and binary caches
+  nix-bin xz-utils                                 # real Nix stores and binary caches (xz NARs)
 )
 missing=()
 for p in "${pkgs[@]}"; do
