@@ -8,10 +8,8 @@ import (
 	"testing"
 
 	sdbus "github.com/coreos/go-systemd/v22/dbus"
-	"github.com/godbus/dbus/v5"
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/nixcage/nixcage/internal/bus/bustest"
 	"github.com/nixcage/nixcage/internal/config"
 	"github.com/nixcage/nixcage/internal/paths"
 	"github.com/nixcage/nixcage/internal/reconcile"
@@ -29,17 +27,8 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	b := bustest.Start(t, bustest.Options{Permissive: true})
 	root := t.TempDir()
-	sd, err := fakesd.Export(b.Conn(t), []string{filepath.Join(root, "run/systemd/system")}, root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := sdbus.NewConnection(func() (*dbus.Conn, error) { return bustest.Dial(b.Address) })
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(conn.Close)
+	sd, conn, _ := fakesd.Start(t, root)
 	return &env{sd: sd, conn: conn, root: root}
 }
 
