@@ -44,7 +44,7 @@ type Backend interface {
 
 // Backend errors the server maps to D-Bus error names.
 var (
-	ErrInvalid    = errors.New("invalid argument")
+	ErrInvalid       = errors.New("invalid argument")
 	ErrIsQuarantined = errors.New("agent is quarantined")
 )
 
