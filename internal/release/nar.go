@@ -1,0 +1,178 @@
+package release
+
+import (
+	"bufio"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"sync/atomic"
+
+	"github.com/nix-community/go-nix/pkg/nar"
+)
+
+// NarStats counts what a NAR held.
+type NarStats struct {
+	Files, Dirs, Symlinks int
+	Size                  int64 // NAR bytes read, trailing data included
+	Digest                []byte
+}
+
+// hashReader hashes and counts every byte that passes, so the digest covers
+// the whole stream, including anything after the NAR's closing token.
+type hashReader struct {
+	r     io.Reader
+	h     hash.Hash
+	n     int64
+	abort atomic.Bool
+}
+
+var errAborted = errors.New("nar read aborted")
+
+func (h *hashReader) Read(p []byte) (int, error) {
+	if h.abort.Load() {
+		return 0, errAborted
+	}
+	n, err := h.r.Read(p)
+	h.h.Write(p[:n])
+	h.n += int64(n)
+	return n, err
+}
+
+// UnpackNAR parses the NAR in r, hashing every byte, and (if dst is not
+// empty) recreates it at dst, which must not exist. It reads r to EOF.
+//
+// Confinement invariant: every entry is created by name inside a directory
+// this function created itself moments before, with O_EXCL/O_NOFOLLOW, and
+// names ".", "..", "" or containing "/" or NUL are refused. Symlinks are
+// created as data and never followed, so no entry can land outside dst.
+// Files get mode 0444 or 0555 and directories 0555 once their children are
+// written (Nix's canonical permissions).
+func UnpackNAR(r io.Reader, dst string) (NarStats, error) {
+	hr := &hashReader{r: r, h: sha256.New()}
+	br := bufio.NewReaderSize(hr, 256<<10)
+	st, err := unpack(br, hr, dst)
+	if err != nil {
+		return st, err
+	}
+	// Consume (and hash) anything after the NAR so the digest and size
+	// describe the whole file; trailing garbage then fails the hash check.
+	if _, err := io.Copy(io.Discard, br); err != nil {
+		return st, err
+	}
+	st.Size = hr.n
+	st.Digest = hr.h.Sum(nil)
+	return st, nil
+}
+
+func unpack(br io.Reader, hr *hashReader, dst string) (st NarStats, err error) {
+	nr, err := nar.NewReader(br)
+	if err != nil {
+		return st, fmt.Errorf("read nar: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			// go-nix's parser runs in a goroutine that keeps reading until
+			// it fails; make the source fail and drain it so it exits.
+			hr.abort.Store(true)
+			for {
+				if _, e := nr.Next(); e != nil {
+					break
+				}
+			}
+		}
+		nr.Close()
+	}()
+	dirs := map[string]bool{}
+	seen := map[string]bool{}
+	var dirOrder []string
+	buf := make([]byte, 256<<10)
+	for {
+		hdr, err := nr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return st, fmt.Errorf("read nar: %w", err)
+		}
+		if err := hdr.Validate(); err != nil {
+			return st, fmt.Errorf("nar entry %q: %w", hdr.Path, err)
+		}
+		p := hdr.Path
+		if seen[p] {
+			return st, fmt.Errorf("nar entry %q appears twice: it escapes its store path (an entry named '.' or '..') or is a duplicate", p)
+		}
+		if p != "/" {
+			parent, name := path.Dir(p), path.Base(p)
+			if !dirs[parent] || name == "." || name == ".." || name == "/" || path.Join(parent, name) != p {
+				return st, fmt.Errorf("nar entry %q escapes its store path or has no parent directory", p)
+			}
+		} else if len(seen) > 0 {
+			return st, errors.New("nar has a second root entry")
+		}
+		seen[p] = true
+		target := ""
+		if dst != "" {
+			target = filepath.Join(dst, filepath.FromSlash(p))
+		}
+		switch hdr.Type {
+		case nar.TypeDirectory:
+			st.Dirs++
+			dirs[p] = true
+			if target != "" {
+				if err := os.Mkdir(target, 0o755); err != nil {
+					return st, fmt.Errorf("unpack: %w", err)
+				}
+				dirOrder = append(dirOrder, target)
+			}
+		case nar.TypeSymlink:
+			st.Symlinks++
+			if target != "" {
+				if err := os.Symlink(hdr.LinkTarget, target); err != nil {
+					return st, fmt.Errorf("unpack: %w", err)
+				}
+			}
+		case nar.TypeRegular:
+			st.Files++
+			if target == "" {
+				if _, err := io.CopyBuffer(io.Discard, nr, buf); err != nil {
+					return st, fmt.Errorf("read nar: %w", err)
+				}
+				continue
+			}
+			mode := os.FileMode(0o444)
+			if hdr.Executable {
+				mode = 0o555
+			}
+			f, err := os.OpenFile(target, os.O_WRONLY|os.O_CREATE|os.O_EXCL|noFollow, mode)
+			if err != nil {
+				return st, fmt.Errorf("unpack: %w", err)
+			}
+			n, err := io.CopyBuffer(struct{ io.Writer }{f}, nr, buf)
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				return st, fmt.Errorf("unpack %s: %w", p, err)
+			}
+			if n != hdr.Size {
+				return st, fmt.Errorf("nar entry %q: got %d bytes, header says %d", p, n, hdr.Size)
+			}
+		default:
+			return st, fmt.Errorf("nar entry %q has unknown type %q", p, hdr.Type)
+		}
+	}
+	// Children first, so a directory is made read-only only after nothing
+	// more needs to be created in it.
+	for _, d := range slices.Backward(dirOrder) {
+		if err := os.Chmod(d, 0o555); err != nil {
+			return st, fmt.Errorf("unpack: %w", err)
+		}
+	}
+	return st, nil
+}

@@ -1,0 +1,245 @@
+package release
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/http"
+	"net/url"
+	"os"
+	"path"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Source yields the files of a release. Names are relative slash paths
+// ("release.json", "nar/x.nar.xz"); every read is capped so a source cannot
+// feed endless data.
+type Source interface {
+	// Open returns the named file; reading more than max bytes fails.
+	Open(ctx context.Context, name string, max int64) (io.ReadCloser, error)
+	String() string
+}
+
+// ErrTooLarge is returned by readers of a Source when a file exceeds its cap.
+var ErrTooLarge = errors.New("file is larger than allowed")
+
+// NewSource picks a source for a directory path or an http(s) URL.
+func NewSource(loc string) (Source, error) {
+	if strings.HasPrefix(loc, "http://") || strings.HasPrefix(loc, "https://") {
+		u, err := url.Parse(loc)
+		if err != nil {
+			return nil, fmt.Errorf("release URL: %w", err)
+		}
+		return &HTTPSource{Base: u}, nil
+	}
+	if strings.Contains(loc, "://") {
+		return nil, fmt.Errorf("release location %q: only a directory, http:// or https:// is supported", loc)
+	}
+	fi, err := os.Stat(loc)
+	if err != nil {
+		return nil, fmt.Errorf("release directory: %w", err)
+	}
+	if !fi.IsDir() {
+		return nil, fmt.Errorf("release %s is not a directory", loc)
+	}
+	return DirSource(loc), nil
+}
+
+func checkName(name string) error {
+	if name == "" || path.IsAbs(name) || path.Clean(name) != name || name == ".." || strings.HasPrefix(name, "../") {
+		return fmt.Errorf("release file name %q is not a clean relative path", name)
+	}
+	return nil
+}
+
+// DirSource reads a release from a local directory. Files are opened through
+// os.Root so a name can never escape the directory.
+type DirSource string
+
+func (d DirSource) String() string { return string(d) }
+
+// Open implements Source.
+func (d DirSource) Open(_ context.Context, name string, max int64) (io.ReadCloser, error) {
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
+	root, err := os.OpenRoot(string(d))
+	if err != nil {
+		return nil, fmt.Errorf("open release directory: %w", err)
+	}
+	defer root.Close()
+	f, err := root.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, fmt.Errorf("%s is not a regular file", name)
+	}
+	if fi.Size() > max {
+		f.Close()
+		return nil, fmt.Errorf("%s: %w (%d bytes, limit %d)", name, ErrTooLarge, fi.Size(), max)
+	}
+	return &limitedReader{r: f, c: f, left: max, name: name}, nil
+}
+
+// limitedReader fails (rather than truncating) once more than left bytes
+// arrive, so an oversized file is an error, never a silently short read.
+type limitedReader struct {
+	r    io.Reader
+	c    io.Closer
+	left int64
+	name string
+	max  int64
+}
+
+func (l *limitedReader) Read(p []byte) (int, error) {
+	if l.left < 0 {
+		return 0, fmt.Errorf("%s: %w", l.name, ErrTooLarge)
+	}
+	if int64(len(p)) > l.left+1 {
+		p = p[:l.left+1]
+	}
+	n, err := l.r.Read(p)
+	l.left -= int64(n)
+	if l.left < 0 {
+		return n, fmt.Errorf("%s: %w", l.name, ErrTooLarge)
+	}
+	return n, err
+}
+
+func (l *limitedReader) Close() error { return l.c.Close() }
+
+// HTTPSource reads a release from an http(s) base URL. Interrupted bodies
+// are resumed with Range requests from the last byte received.
+type HTTPSource struct {
+	Base    *url.URL
+	Client  *http.Client // nil: http.DefaultClient
+	Retries int          // resume attempts per file; 0 means 5
+}
+
+func (h *HTTPSource) String() string { return h.Base.String() }
+
+// Open implements Source.
+func (h *HTTPSource) Open(ctx context.Context, name string, max int64) (io.ReadCloser, error) {
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
+	u := *h.Base
+	u.Path = strings.TrimSuffix(u.Path, "/") + "/" + name
+	u.RawPath = ""
+	r := &httpReader{ctx: ctx, h: h, url: u.String(), name: name, max: max}
+	if err := r.request(); err != nil {
+		return nil, err
+	}
+	return &limitedReader{r: r, c: r, left: max, name: name}, nil
+}
+
+type httpReader struct {
+	ctx     context.Context
+	h       *HTTPSource
+	url     string
+	name    string
+	max     int64
+	off     int64
+	body    io.ReadCloser
+	retries int
+}
+
+func (r *httpReader) client() *http.Client {
+	if r.h.Client != nil {
+		return r.h.Client
+	}
+	return http.DefaultClient
+}
+
+// request (re)opens the body at r.off.
+func (r *httpReader) request() error {
+	req, err := http.NewRequestWithContext(r.ctx, http.MethodGet, r.url, nil)
+	if err != nil {
+		return err
+	}
+	if r.off > 0 {
+		req.Header.Set("Range", "bytes="+strconv.FormatInt(r.off, 10)+"-")
+	}
+	resp, err := r.client().Do(req)
+	if err != nil {
+		return fmt.Errorf("fetch %s: %w", r.name, err)
+	}
+	switch {
+	case r.off == 0 && resp.StatusCode == http.StatusOK:
+	case r.off > 0 && resp.StatusCode == http.StatusPartialContent:
+		// The server must resume exactly where we stopped; anything else
+		// would splice unrelated bytes into the stream.
+		cr := resp.Header.Get("Content-Range")
+		if !strings.HasPrefix(cr, "bytes "+strconv.FormatInt(r.off, 10)+"-") {
+			resp.Body.Close()
+			return fmt.Errorf("fetch %s: server resumed at %q, wanted byte %d", r.name, cr, r.off)
+		}
+	case resp.StatusCode == http.StatusNotFound:
+		resp.Body.Close()
+		return fmt.Errorf("fetch %s: %w", r.name, fs.ErrNotExist)
+	default:
+		resp.Body.Close()
+		return fmt.Errorf("fetch %s: unexpected HTTP status %s", r.name, resp.Status)
+	}
+	if resp.ContentLength > 0 && r.off+resp.ContentLength > r.max {
+		resp.Body.Close()
+		return fmt.Errorf("%s: %w (server announces %d bytes, limit %d)", r.name, ErrTooLarge, r.off+resp.ContentLength, r.max)
+	}
+	r.body = resp.Body
+	return nil
+}
+
+func (r *httpReader) Read(p []byte) (int, error) {
+	for {
+		if r.body == nil {
+			if err := r.request(); err != nil {
+				return 0, err
+			}
+		}
+		n, err := r.body.Read(p)
+		r.off += int64(n)
+		if err == nil || errors.Is(err, io.EOF) || n > 0 {
+			if errors.Is(err, io.EOF) || err == nil {
+				return n, err
+			}
+			// Return the bytes now; the error recurs on the next Read.
+			return n, nil
+		}
+		if r.ctx.Err() != nil {
+			return 0, r.ctx.Err()
+		}
+		r.body.Close()
+		r.body = nil
+		r.retries++
+		max := r.h.Retries
+		if max == 0 {
+			max = 5
+		}
+		if r.retries > max {
+			return 0, fmt.Errorf("fetch %s: giving up after %d resumes: %w", r.name, max, err)
+		}
+		select {
+		case <-time.After(time.Duration(r.retries) * 100 * time.Millisecond):
+		case <-r.ctx.Done():
+			return 0, r.ctx.Err()
+		}
+	}
+}
+
+func (r *httpReader) Close() error {
+	if r.body != nil {
+		return r.body.Close()
+	}
+	return nil
+}

@@ -1,0 +1,213 @@
+package store
+
+import (
+	"bufio"
+	"context"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sigstore/sigstore/pkg/cryptoutils"
+
+	"github.com/nixcage/nixcage/internal/release"
+	"github.com/nixcage/nixcage/internal/release/releasetest"
+)
+
+const (
+	crashEnvRoot = "NIXCAGE_CRASH_ROOT"
+	crashEnvRel  = "NIXCAGE_CRASH_RELEASE"
+	crashEnvPub  = "NIXCAGE_CRASH_PUB"
+	crashEnvStep = "NIXCAGE_CRASH_STEP"
+)
+
+// TestCrashChild is the process the crash test kills: it applies one
+// release and, if asked, SIGKILLs itself at the N-th crash point.
+func TestCrashChild(t *testing.T) {
+	root := os.Getenv(crashEnvRoot)
+	if root == "" {
+		t.Skip("helper process for TestCrashSafety")
+	}
+	step, _ := strconv.Atoi(os.Getenv(crashEnvStep))
+	n := 0
+	crashPoint = func(string) {
+		if n == step {
+			syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			time.Sleep(time.Hour)
+		}
+		n++
+	}
+	s, err := Open(Options{Root: root, Channel: "stable", TrustedKeys: []string{os.Getenv(crashEnvPub)}, Keep: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Stdout.WriteString("started\n")
+	if _, err := s.Apply(context.Background(), release.DirSource(os.Getenv(crashEnvRel))); err != nil {
+		t.Fatal(err)
+	}
+	os.Stdout.WriteString("done " + strconv.Itoa(n) + "\n")
+}
+
+// linkRelease makes the release dir for generation gen from base: cache
+// files are hard links, only the manifest and signatures are new.
+func linkRelease(t *testing.T, f *fixture, base, dir string, gen uint64) {
+	t.Helper()
+	must(t, filepath.Walk(base, func(p string, fi os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(base, p)
+		if fi.IsDir() {
+			return os.MkdirAll(filepath.Join(dir, rel), 0o755)
+		}
+		if rel == release.ManifestFile || rel == release.SignaturesFile {
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			return os.WriteFile(filepath.Join(dir, rel), b, 0o644)
+		}
+		return os.Link(p, filepath.Join(dir, rel))
+	}))
+	releasetest.Resign(t, dir, []*release.PrivateKey{f.key}, func(m *release.Manifest) { m.Generation = gen })
+}
+
+// TestCrashSafety SIGKILLs applies at every injected crash point and at
+// random moments. After each kill, recovery must leave current at the old
+// or the new generation, complete and verifying, never a mixture. Releases
+// alternate between closures A and B on a Keep=1 store, so every apply
+// unpacks, renames, prunes and collects.
+func TestCrashSafety(t *testing.T) {
+	f := getFixture(t)
+	dir := t.TempDir()
+	root := filepath.Join(dir, "root")
+	defer removeAll(root)
+	pubPEM, err := cryptoutils.MarshalPublicKeyToPEM(f.pub.Key)
+	must(t, err)
+	pub := filepath.Join(dir, "release.pub")
+	must(t, os.WriteFile(pub, pubPEM, 0o644))
+	tops := map[uint64]string{}
+	relFor := func(gen uint64) string {
+		d := filepath.Join(dir, "rel-"+strconv.FormatUint(gen, 10))
+		if _, err := os.Stat(d); err == nil {
+			return d
+		}
+		base, top := f.relA, f.topA
+		if gen%2 == 0 {
+			base, top = f.relB, f.topB
+		}
+		linkRelease(t, f, base, d, gen)
+		tops[gen] = top
+		return d
+	}
+	child := func(gen uint64, step int) (*exec.Cmd, *bufio.Reader) {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.count=1")
+		cmd.Env = append(os.Environ(), crashEnvRoot+"="+root, crashEnvRel+"="+relFor(gen),
+			crashEnvPub+"="+pub, crashEnvStep+"="+strconv.Itoa(step))
+		out, err := cmd.StdoutPipe()
+		must(t, err)
+		must(t, cmd.Start())
+		return cmd, bufio.NewReader(out)
+	}
+
+	// Generations 1 and 2 applied cleanly: the second apply also prunes
+	// and collects, so it passes every crash point; it also times an
+	// apply, the range for random kills.
+	cmd, out := child(1, -1)
+	lines, _ := readAllLines(out)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("clean apply: %v %v", err, lines)
+	}
+	start := time.Now()
+	cmd, out = child(2, -1)
+	lines, _ = readAllLines(out)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("clean apply: %v %v", err, lines)
+	}
+	applyTime := time.Since(start)
+	points := 0
+	for _, l := range lines {
+		if n, ok := strings.CutPrefix(l, "done "); ok {
+			points, _ = strconv.Atoi(n)
+		}
+	}
+	if points < 8 {
+		t.Fatalf("only %d crash points seen: %v", points, lines)
+	}
+
+	s, err := Open(Options{Root: root, Channel: "stable", Keys: []*release.PublicKey{f.pub}, Keep: 1})
+	must(t, err)
+	rng := rand.New(rand.NewPCG(1, uint64(time.Now().UnixNano())))
+	const iterations = 60
+	outcomes := map[string]int{}
+	for i := range iterations {
+		old, err := s.Current()
+		must(t, err)
+		gen := old + 1
+		step := -1
+		if i%2 == 0 {
+			step = (i / 2) % points
+		}
+		cmd, out := child(gen, step)
+		if step < 0 {
+			if l, _ := out.ReadString('\n'); l != "started\n" {
+				t.Fatalf("child did not start: %q", l)
+			}
+			time.Sleep(time.Duration(rng.Int64N(int64(applyTime))))
+			cmd.Process.Kill()
+		}
+		readAllLines(out)
+		werr := cmd.Wait()
+
+		// What caged does at start: recover, then the store must verify.
+		if err := s.Recover(); err != nil {
+			t.Fatalf("iteration %d (step %d): recover: %v", i, step, err)
+		}
+		cur, err := s.Current()
+		must(t, err)
+		switch cur {
+		case old:
+			outcomes["old"]++
+		case gen:
+			outcomes["new"]++
+		default:
+			t.Fatalf("iteration %d: current %d, want %d or %d", i, cur, old, gen)
+		}
+		if werr == nil && cur != gen {
+			t.Fatalf("iteration %d: apply finished but current is %d", i, cur)
+		}
+		m, err := s.manifest(cur)
+		must(t, err)
+		if m.Top != tops[cur] {
+			t.Fatalf("iteration %d: generation %d names top %s, want %s (a mixture)", i, cur, m.Top, tops[cur])
+		}
+		if rep, err := s.Verify(context.Background(), true); err != nil {
+			t.Fatalf("iteration %d (step %d, killed=%v): %v %v", i, step, werr != nil, err, rep.Problems)
+		}
+		if h, _ := s.Highest(); h < cur {
+			t.Fatalf("iteration %d: highest %d below current %d", i, h, cur)
+		}
+	}
+	t.Logf("%d kills, %d crash points, apply ~%v: %v", iterations, points, applyTime, outcomes)
+	if outcomes["old"] == 0 || outcomes["new"] == 0 {
+		t.Fatalf("kills never landed on both sides of the switch: %v", outcomes)
+	}
+}
+
+func readAllLines(r *bufio.Reader) ([]string, error) {
+	var out []string
+	for {
+		l, err := r.ReadString('\n')
+		if l != "" {
+			out = append(out, strings.TrimSpace(l))
+		}
+		if err != nil {
+			return out, err
+		}
+	}
+}

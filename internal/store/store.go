@@ -1,0 +1,553 @@
+// Package store is the shared read-only Nix store that caged owns and cages
+// bind-mount at /nix/store: applying signed releases into it, switching
+// generations atomically, rolling back, verifying what is live and
+// collecting garbage. cagectl --offline and caged call the same functions.
+//
+// Layout under Root (see docs/store.md):
+//
+//	nix/store/<hash>-<name>   unpacked paths, read-only (0444/0555)
+//	generations/<N>/          release.json, release.json.sig, top -> ../../nix/store/<top>
+//	current -> generations/<N>
+//	state.json                highest generation ever accepted (anti-rollback)
+//	lock                      flock: one writer at a time
+//	tmp-*                     work in progress; removed at the next start
+//
+// Crash invariant: every step either leaves current pointing at a complete,
+// verified generation or is a rename that makes it point at the next one.
+// Nothing reachable from current is ever written in place.
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	nixsig "github.com/nix-community/go-nix/pkg/narinfo/signature"
+
+	"github.com/nixcage/nixcage/internal/paths"
+	"github.com/nixcage/nixcage/internal/release"
+)
+
+// Options configure a store. They mirror the config block
+// `store { root, channel, keys, nix_keys, threshold, generations }`.
+type Options struct {
+	Root          string               // default paths.DefaultStoreRoot
+	Channel       string               // required for Apply
+	TrustedKeys   []string             // PEM public key files
+	Keys          []*release.PublicKey // already parsed keys, added to TrustedKeys
+	NixPublicKeys []string             // "name:base64"; when set every narinfo must be signed
+	Threshold     int                  // distinct trusted keys that must sign; default 1
+	Keep          int                  // generations kept (current included); default 3
+	Workers       int                  // parallel NAR unpackers; default 2
+	Now           func() time.Time
+	Logger        *slog.Logger
+	Progress      func(Progress) // called from one goroutine at a time
+	// ReadOnly opens an existing store without creating anything (for
+	// generations and verify, which must not leave a root behind).
+	ReadOnly bool
+}
+
+// Progress reports an apply's advance.
+type Progress struct {
+	Phase      string // "verify", "unpack", "switch"
+	Done       int
+	Total      int
+	Bytes      int64 // NAR bytes processed
+	TotalBytes int64
+}
+
+// Store is an opened store root.
+type Store struct {
+	opts    Options
+	root    string
+	keys    []*release.PublicKey
+	nixKeys []nixsig.PublicKey
+	log     *slog.Logger
+}
+
+const (
+	stateFile   = "state.json"
+	lockFile    = "lock"
+	currentLink = "current"
+	genDir      = "generations"
+	topLink     = "top"
+	tmpPrefix   = "tmp-"
+)
+
+// Open checks opts and creates the store's directories if missing.
+func Open(opts Options) (*Store, error) {
+	if opts.Root == "" {
+		opts.Root = paths.DefaultStoreRoot
+	}
+	root, err := filepath.Abs(opts.Root)
+	if err != nil {
+		return nil, err
+	}
+	if opts.Keep == 0 {
+		opts.Keep = 3
+	}
+	if opts.Keep < 1 {
+		return nil, fmt.Errorf("store generations %d is invalid: keep at least 1", opts.Keep)
+	}
+	if opts.Threshold == 0 {
+		opts.Threshold = 1
+	}
+	if opts.Workers <= 0 {
+		opts.Workers = 2
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	s := &Store{opts: opts, root: root, log: opts.Logger}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	keys, err := release.LoadPublicKeys(opts.TrustedKeys)
+	if err != nil {
+		return nil, err
+	}
+	s.keys = append(keys, opts.Keys...)
+	s.nixKeys, err = release.ParseNixKeys(opts.NixPublicKeys)
+	if err != nil {
+		return nil, err
+	}
+	if opts.ReadOnly {
+		if _, err := os.Stat(filepath.Join(root, genDir)); err != nil {
+			return nil, fmt.Errorf("no store at %s (%w): apply a release first or pass --store", root, err)
+		}
+		return s, nil
+	}
+	for _, d := range []string{root, filepath.Join(root, "nix"), s.storeDir(), filepath.Join(root, genDir)} {
+		if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+			return nil, fmt.Errorf("create store layout: %w", err)
+		}
+	}
+	return s, nil
+}
+
+// Root is the store's root directory.
+func (s *Store) Root() string { return s.root }
+
+func (s *Store) storeDir() string { return filepath.Join(s.root, "nix", "store") }
+
+func (s *Store) genPath(n uint64) string {
+	return filepath.Join(s.root, genDir, strconv.FormatUint(n, 10))
+}
+
+// lock takes the store's writer lock or fails at once: concurrent applies
+// are refused rather than queued, so an operator sees the conflict.
+func (s *Store) lock() (func(), error) {
+	f, err := os.OpenFile(filepath.Join(s.root, lockFile), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open store lock: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("store %s is busy: another apply, rollback or gc holds %s; retry when it has finished", s.root, lockFile)
+		}
+		return nil, fmt.Errorf("lock store: %w", err)
+	}
+	return func() { f.Close() }, nil
+}
+
+// state is state.json.
+type state struct {
+	Schema  int       `json:"schema"`
+	Highest uint64    `json:"highest"`
+	Updated time.Time `json:"updated"`
+}
+
+func (s *Store) readState() (state, error) {
+	var st state
+	b, err := os.ReadFile(filepath.Join(s.root, stateFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return state{Schema: 1}, nil
+	}
+	if err != nil {
+		return st, fmt.Errorf("read store state: %w", err)
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		return st, fmt.Errorf("store state %s is corrupt: %w; restore it from the highest generations/N", filepath.Join(s.root, stateFile), err)
+	}
+	return st, nil
+}
+
+func (s *Store) writeState(st state) error {
+	st.Schema = 1
+	st.Updated = s.opts.Now().UTC()
+	b, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return err
+	}
+	return release.WriteFileAtomic(filepath.Join(s.root, stateFile), append(b, '\n'), 0o644)
+}
+
+// Current returns the active generation, 0 if none.
+func (s *Store) Current() (uint64, error) {
+	t, err := os.Readlink(filepath.Join(s.root, currentLink))
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read current generation: %w", err)
+	}
+	n, err := strconv.ParseUint(strings.TrimPrefix(t, genDir+"/"), 10, 64)
+	if err != nil || !strings.HasPrefix(t, genDir+"/") {
+		return 0, fmt.Errorf("current points at %q, not generations/N", t)
+	}
+	return n, nil
+}
+
+// generations lists kept generation numbers in ascending order.
+func (s *Store) generations() ([]uint64, error) {
+	ents, err := os.ReadDir(filepath.Join(s.root, genDir))
+	if err != nil {
+		return nil, fmt.Errorf("list generations: %w", err)
+	}
+	var out []uint64
+	for _, e := range ents {
+		if n, err := strconv.ParseUint(e.Name(), 10, 64); err == nil && e.IsDir() {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// manifest reads a kept generation's manifest. It was verified when the
+// generation was accepted and lives in root-owned storage, so it is not
+// re-verified here (Verify does that).
+func (s *Store) manifest(n uint64) (*release.Manifest, error) {
+	b, err := os.ReadFile(filepath.Join(s.genPath(n), release.ManifestFile))
+	if err != nil {
+		return nil, fmt.Errorf("generation %d: %w", n, err)
+	}
+	m, err := release.ParseManifest(b)
+	if err != nil {
+		return nil, fmt.Errorf("generation %d: %w", n, err)
+	}
+	return m, nil
+}
+
+// Generation describes one kept generation.
+type Generation struct {
+	Number  uint64    `json:"generation"`
+	Channel string    `json:"channel"`
+	Created time.Time `json:"created"`
+	Expires time.Time `json:"expires"`
+	Top     string    `json:"top"`
+	Paths   int       `json:"paths"`
+	Current bool      `json:"current"`
+}
+
+// Generations lists the kept generations, oldest first.
+func (s *Store) Generations() ([]Generation, error) {
+	cur, err := s.Current()
+	if err != nil {
+		return nil, err
+	}
+	ns, err := s.generations()
+	if err != nil {
+		return nil, err
+	}
+	var out []Generation
+	for _, n := range ns {
+		m, err := s.manifest(n)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, Generation{Number: n, Channel: m.Channel, Created: m.Created, Expires: m.Expires,
+			Top: m.Top, Paths: len(m.Paths), Current: n == cur})
+	}
+	return out, nil
+}
+
+// Highest is the highest generation ever accepted.
+func (s *Store) Highest() (uint64, error) {
+	st, err := s.readState()
+	if err != nil {
+		return 0, err
+	}
+	cur, err := s.Current()
+	if err != nil {
+		return 0, err
+	}
+	return max(st.Highest, cur), nil
+}
+
+// removeAll deletes a tree that may be read-only.
+func removeAll(p string) error {
+	err := os.RemoveAll(p)
+	if err == nil {
+		return nil
+	}
+	_ = filepath.WalkDir(p, func(q string, d fs.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			_ = os.Chmod(q, 0o755)
+		}
+		return nil
+	})
+	return os.RemoveAll(p)
+}
+
+// removeGeneration renames generations/N out of the way before deleting
+// it, so a crash mid-delete never leaves a half-empty generations/N that
+// looks kept; the renamed leftover is a tmp-* that recovery removes.
+func (s *Store) removeGeneration(n uint64) error {
+	trash := filepath.Join(s.root, genDir, tmpPrefix+"del-"+strconv.FormatUint(n, 10))
+	if err := os.Rename(s.genPath(n), trash); err != nil {
+		return err
+	}
+	if err := release.SyncDir(filepath.Join(s.root, genDir)); err != nil {
+		return err
+	}
+	return removeAll(trash)
+}
+
+// recoverLocked brings the store back to a consistent state after a crash.
+// Called with the lock held, before any change.
+//
+//   - tmp-* directories are work of an interrupted apply or gc: removed;
+//   - current newer than state.json means the crash hit between the switch
+//     and the state write: the switch happened, so record it;
+//   - generation directories newer than the recorded highest were never
+//     switched to: removed, so they cannot be mistaken for accepted ones.
+func (s *Store) recoverLocked() error {
+	for _, dir := range []string{s.root, filepath.Join(s.root, genDir), s.storeDir()} {
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			return fmt.Errorf("recover: %w", err)
+		}
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), tmpPrefix) || strings.HasPrefix(e.Name(), ".tmp-") {
+				if err := removeAll(filepath.Join(dir, e.Name())); err != nil {
+					return fmt.Errorf("recover: remove %s: %w", e.Name(), err)
+				}
+			}
+		}
+	}
+	st, err := s.readState()
+	if err != nil {
+		return err
+	}
+	cur, err := s.Current()
+	if err != nil {
+		return err
+	}
+	if cur > st.Highest {
+		s.log.Info("store: recording generation switched before a crash", "generation", cur)
+		st.Highest = cur
+		if err := s.writeState(st); err != nil {
+			return fmt.Errorf("recover: %w", err)
+		}
+	}
+	ns, err := s.generations()
+	if err != nil {
+		return err
+	}
+	for _, n := range ns {
+		if n > st.Highest {
+			s.log.Info("store: removing generation never switched to", "generation", n)
+			if err := s.removeGeneration(n); err != nil {
+				return fmt.Errorf("recover: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+// switchCurrent points current at generation n with a rename, the only
+// atomic way to replace a symlink.
+func (s *Store) switchCurrent(n uint64) error {
+	tmp := filepath.Join(s.root, ".tmp-current")
+	_ = os.Remove(tmp)
+	if err := os.Symlink(genDir+"/"+strconv.FormatUint(n, 10), tmp); err != nil {
+		return fmt.Errorf("switch generation: %w", err)
+	}
+	if err := os.Rename(tmp, filepath.Join(s.root, currentLink)); err != nil {
+		return fmt.Errorf("switch generation: %w", err)
+	}
+	return release.SyncDir(s.root)
+}
+
+// pruneLocked removes generations beyond Keep (never current) and then
+// every store path no kept generation references.
+func (s *Store) pruneLocked() (removedGens []uint64, removedPaths []string, err error) {
+	cur, err := s.Current()
+	if err != nil {
+		return nil, nil, err
+	}
+	ns, err := s.generations()
+	if err != nil {
+		return nil, nil, err
+	}
+	keep := map[uint64]bool{}
+	if cur != 0 {
+		keep[cur] = true
+	}
+	for i := len(ns) - 1; i >= 0 && len(keep) < s.opts.Keep; i-- {
+		keep[ns[i]] = true
+	}
+	live := map[string]bool{}
+	for _, n := range ns {
+		if !keep[n] {
+			continue
+		}
+		m, err := s.manifest(n)
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, p := range m.Paths {
+			live[p.Name()] = true
+		}
+	}
+	for _, n := range ns {
+		if keep[n] {
+			continue
+		}
+		crashPoint("prune-generation")
+		if err := s.removeGeneration(n); err != nil {
+			return removedGens, nil, fmt.Errorf("prune generation %d: %w", n, err)
+		}
+		removedGens = append(removedGens, n)
+	}
+	ents, err := os.ReadDir(s.storeDir())
+	if err != nil {
+		return removedGens, nil, err
+	}
+	for _, e := range ents {
+		if live[e.Name()] || strings.HasPrefix(e.Name(), tmpPrefix) {
+			continue
+		}
+		// Move out of nix/store first: a path is either complete or gone,
+		// never half-deleted under its real name.
+		tmp := filepath.Join(s.root, tmpPrefix+"gc-"+e.Name())
+		if err := renameDir(filepath.Join(s.storeDir(), e.Name()), tmp); err != nil {
+			return removedGens, removedPaths, fmt.Errorf("gc %s: %w", e.Name(), err)
+		}
+		crashPoint("gc-path")
+		if err := removeAll(tmp); err != nil {
+			return removedGens, removedPaths, fmt.Errorf("gc %s: %w", e.Name(), err)
+		}
+		removedPaths = append(removedPaths, e.Name())
+	}
+	if len(removedPaths) > 0 {
+		if err := release.SyncDir(s.storeDir()); err != nil {
+			return removedGens, removedPaths, err
+		}
+	}
+	return removedGens, removedPaths, nil
+}
+
+// GC removes generations beyond Keep and store paths that no kept
+// generation references.
+func (s *Store) GC(ctx context.Context) (gens []uint64, removed []string, err error) {
+	unlock, err := s.lock()
+	if err != nil {
+		return nil, nil, err
+	}
+	defer unlock()
+	if err := s.recoverLocked(); err != nil {
+		return nil, nil, err
+	}
+	gens, removed, err = s.pruneLocked()
+	if err == nil {
+		s.log.Info("store: gc", "generations_removed", len(gens), "paths_removed", len(removed))
+	}
+	return gens, removed, err
+}
+
+// Recover runs crash recovery alone (caged does it at start).
+func (s *Store) Recover() error {
+	unlock, err := s.lock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return s.recoverLocked()
+}
+
+// Rollback switches current to an older kept generation (the newest one
+// below current when to is 0). It is an explicit operator action: it is
+// logged, and it does not lower the anti-rollback counter, so releases
+// must still be newer than the highest generation ever accepted.
+func (s *Store) Rollback(ctx context.Context, to uint64) (from uint64, _ uint64, err error) {
+	unlock, err := s.lock()
+	if err != nil {
+		return 0, 0, err
+	}
+	defer unlock()
+	if err := s.recoverLocked(); err != nil {
+		return 0, 0, err
+	}
+	from, err = s.Current()
+	if err != nil {
+		return 0, 0, err
+	}
+	ns, err := s.generations()
+	if err != nil {
+		return 0, 0, err
+	}
+	if to == 0 {
+		for _, n := range ns {
+			if n < from {
+				to = n
+			}
+		}
+		if to == 0 {
+			return from, 0, fmt.Errorf("no generation older than %d is kept; `cagectl generations` lists what is", from)
+		}
+	}
+	if !slices.Contains(ns, to) {
+		return from, 0, fmt.Errorf("generation %d is not kept; `cagectl generations` lists what is", to)
+	}
+	if to == from {
+		return from, to, fmt.Errorf("generation %d is already current", to)
+	}
+	m, err := s.manifest(to)
+	if err != nil {
+		return from, 0, err
+	}
+	for _, p := range m.Paths {
+		if _, err := os.Lstat(filepath.Join(s.storeDir(), p.Name())); err != nil {
+			return from, 0, fmt.Errorf("generation %d is incomplete (%s missing); run `cagectl store verify`", to, p.Name())
+		}
+	}
+	if err := s.switchCurrent(to); err != nil {
+		return from, 0, err
+	}
+	s.log.Warn("store: rollback by operator", "from", from, "to", to)
+	return from, to, nil
+}
+
+func renameDir(from, to string) error {
+	err := os.Rename(from, to)
+	if err == nil || !errors.Is(err, fs.ErrPermission) {
+		return err
+	}
+	// Without CAP_DAC_OVERRIDE, moving a directory to another parent needs
+	// write permission on it (its ".." changes): lend it briefly.
+	fi, serr := os.Lstat(from)
+	if serr != nil || !fi.IsDir() {
+		return err
+	}
+	if err := os.Chmod(from, 0o755); err != nil {
+		return err
+	}
+	if err := os.Rename(from, to); err != nil {
+		_ = os.Chmod(from, fi.Mode().Perm())
+		return err
+	}
+	return os.Chmod(to, fi.Mode().Perm())
+}
