@@ -229,7 +229,7 @@ func agentValues(st AgentStatus) map[string]any {
 		"Name": st.Name, "Backend": st.Backend, "Unit": st.Unit,
 		"LoadState": st.LoadState, "ActiveState": st.ActiveState, "SubState": st.SubState,
 		"EgressState": st.EgressState, "Autostart": st.Autostart,
-		"Quarantined": st.Quarantined, "QuarantineReason": st.QuarantineReason,
+		"Quarantined": st.Quarantined, "QuarantineReason": st.QuarantineReason, "Generation": st.Generation,
 		"EgressAllowed": st.Allowed, "EgressFlagged": st.Flagged, "EgressBlocked": st.Blocked,
 	}
 }

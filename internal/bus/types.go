@@ -54,7 +54,7 @@ func AgentPath(agent string) dbus.ObjectPath {
 }
 
 // AgentStatus is one agent as the Manager reports it. Field order is the
-// wire order: (sssssssbbsttt).
+// wire order: (sssssssbbstttt).
 type AgentStatus struct {
 	Name             string `json:"name"`
 	Backend          string `json:"backend"`
@@ -66,6 +66,10 @@ type AgentStatus struct {
 	Autostart        bool   `json:"autostart"`
 	Quarantined      bool   `json:"quarantined"`
 	QuarantineReason string `json:"quarantine_reason,omitempty"`
+	// Generation is the store generation the agent started with (0: not
+	// running, or no store). A running agent keeps its generation until
+	// restarted, even after a newer release is applied.
+	Generation uint64 `json:"generation"`
 	// Egress decisions since caged started (from the gateway's audit log).
 	Allowed uint64 `json:"egress_allowed"`
 	Flagged uint64 `json:"egress_flagged"`

@@ -1,0 +1,388 @@
+package daemon
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"syscall"
+
+	"github.com/nixcage/nixcage/internal/bus"
+	"github.com/nixcage/nixcage/internal/config"
+	"github.com/nixcage/nixcage/internal/paths"
+	"github.com/nixcage/nixcage/internal/quarantine"
+	"github.com/nixcage/nixcage/internal/reconcile"
+	"github.com/nixcage/nixcage/internal/release"
+	"github.com/nixcage/nixcage/internal/store"
+)
+
+var _ bus.Backend = (*Daemon)(nil)
+
+// Accounts implements bus.Backend.
+func (d *Daemon) Accounts() []*config.Account { return d.config().Accounts }
+
+// HasAgent implements bus.Backend.
+func (d *Daemon) HasAgent(agent string) bool { return d.config().Agent(agent) != nil }
+
+// Status reads every agent's units from systemd in one call.
+func (d *Daemon) Status(ctx context.Context) (*bus.Status, error) {
+	cfg := d.config()
+	names := make([]string, 0, 2*len(cfg.Agents))
+	for _, a := range cfg.Agents {
+		names = append(names, paths.Instance(paths.AgentTemplate, a.Name), paths.Instance(paths.EgressTemplate, a.Name))
+	}
+	states, err := d.units.States(ctx, names)
+	if err != nil {
+		return nil, err
+	}
+	gen, channel := d.storeCurrent()
+	d.mu.RLock()
+	st := &bus.Status{
+		Version: Version, Mode: d.o.Units, Config: d.o.Config, Generation: gen, Channel: channel,
+		StartedUnix: d.started.Unix(), ReconciledUnix: unix(d.reconciled), ReconcileError: d.reconcileErr,
+		Agents: make([]bus.AgentStatus, 0, len(cfg.Agents)),
+	}
+	d.mu.RUnlock()
+	for _, a := range cfg.Agents {
+		st.Agents = append(st.Agents, d.agentStatus(a, states))
+	}
+	return st, nil
+}
+
+func (d *Daemon) agentStatus(a *config.Agent, states map[string]reconcile.State) bus.AgentStatus {
+	unit := paths.Instance(paths.AgentTemplate, a.Name)
+	s := states[unit]
+	as := bus.AgentStatus{
+		Name: a.Name, Backend: a.Backend, Unit: unit,
+		LoadState: s.Load, ActiveState: s.Active, SubState: s.Sub,
+		EgressState: states[paths.Instance(paths.EgressTemplate, a.Name)].Active,
+		Autostart:   a.Autostart,
+	}
+	if m, _ := quarantine.Read(d.qdirs, a.Name); m != nil {
+		as.Quarantined, as.QuarantineReason = true, m.Reason
+	}
+	if d.audit != nil {
+		as.Allowed, as.Flagged, as.Blocked = d.audit.counts(a.Name)
+	}
+	d.mu.RLock()
+	if s.Running() {
+		as.Generation = d.agentGen[a.Name]
+	}
+	d.mu.RUnlock()
+	return as
+}
+
+// Agent is one agent's status.
+func (d *Daemon) Agent(ctx context.Context, name string) (*bus.AgentStatus, error) {
+	a := d.config().Agent(name)
+	if a == nil {
+		return nil, fmt.Errorf("%w: %q", bus.ErrNoSuchAgent, name)
+	}
+	states, err := d.units.States(ctx, []string{paths.Instance(paths.AgentTemplate, name), paths.Instance(paths.EgressTemplate, name)})
+	if err != nil {
+		return nil, err
+	}
+	st := d.agentStatus(a, states)
+	return &st, nil
+}
+
+func unix(t interface{ Unix() int64 }) int64 { return t.Unix() }
+
+func (d *Daemon) refuseQuarantined(agent string) error {
+	if m, _ := quarantine.Read(d.qdirs, agent); m != nil {
+		return fmt.Errorf("%w: %s was quarantined at %s by %s (%s); inspect %s, then `cagectl release %s`",
+			bus.ErrIsQuarantined, agent, m.At.Format("2006-01-02 15:04:05Z07:00"), m.By, m.Reason, m.Evidence, agent)
+	}
+	return nil
+}
+
+func (d *Daemon) refresh(ctx context.Context, agent string) {
+	if st, err := d.Agent(ctx, agent); err == nil {
+		d.srv.UpdateAgent(*st)
+	}
+}
+
+// Start starts an agent (its namespace, gateway sockets and prepare step
+// come with it through Requires=).
+func (d *Daemon) Start(ctx context.Context, agent, by string) error {
+	if err := d.refuseQuarantined(agent); err != nil {
+		return err
+	}
+	unit := paths.Instance(paths.AgentTemplate, agent)
+	// A unit that hit its start limit stays failed until reset; an operator
+	// asking for a start means it.
+	_ = d.sd.ResetFailedUnitContext(ctx, unit)
+	d.log.Info("start agent", "agent", agent, "by", by)
+	err := d.units.Start(ctx, unit)
+	if err == nil {
+		gen, _ := d.storeCurrent()
+		d.mu.Lock()
+		d.agentGen[agent] = gen
+		d.mu.Unlock()
+	}
+	d.refresh(ctx, agent)
+	return err
+}
+
+// Stop stops an agent.
+func (d *Daemon) Stop(ctx context.Context, agent, by string) error {
+	d.log.Info("stop agent", "agent", agent, "by", by)
+	err := d.units.Stop(ctx, paths.Instance(paths.AgentTemplate, agent))
+	d.refresh(ctx, agent)
+	return err
+}
+
+// Restart restarts an agent.
+func (d *Daemon) Restart(ctx context.Context, agent, by string) error {
+	if err := d.refuseQuarantined(agent); err != nil {
+		return err
+	}
+	d.log.Info("restart agent", "agent", agent, "by", by)
+	unit := paths.Instance(paths.AgentTemplate, agent)
+	_ = d.sd.ResetFailedUnitContext(ctx, unit)
+	err := d.units.Restart(ctx, unit)
+	if err == nil {
+		gen, _ := d.storeCurrent()
+		d.mu.Lock()
+		d.agentGen[agent] = gen
+		d.mu.Unlock()
+	}
+	d.refresh(ctx, agent)
+	return err
+}
+
+// Kill sends SIGKILL to every process in the agent's cgroup at once. It is
+// audited: logged at warning level and signalled on the bus.
+func (d *Daemon) Kill(ctx context.Context, agent, by string) error {
+	unit := paths.Instance(paths.AgentTemplate, agent)
+	d.log.Warn("kill agent", "agent", agent, "unit", unit, "signal", "SIGKILL", "by", by)
+	if err := d.units.Kill(ctx, unit, int32(syscall.SIGKILL)); err != nil {
+		return err
+	}
+	d.srv.Emit(bus.SignalAgentKilled, agent, by)
+	d.refresh(ctx, agent)
+	return nil
+}
+
+// Quarantine takes the agent out of service and preserves evidence.
+func (d *Daemon) Quarantine(ctx context.Context, agent, reason, by string) (string, error) {
+	d.op.Lock()
+	defer d.op.Unlock()
+	a := d.config().Agent(agent)
+	snap, _ := d.Agent(ctx, agent)
+	res, err := quarantine.Run(ctx, d.units, d.qdirs, quarantine.Request{
+		Agent: agent, Reason: reason, By: by, Workspace: a.Workspace, Status: snap, Log: d.log,
+	})
+	if errors.Is(err, quarantine.ErrAlreadyQuarantined) {
+		return "", fmt.Errorf("%w: %v", bus.ErrIsQuarantined, err)
+	}
+	evidence := ""
+	if res != nil && res.Evidence != nil {
+		evidence = res.Evidence.Dir
+	}
+	if res != nil {
+		d.srv.Emit(bus.SignalAgentQuarantined, agent, reason, evidence, by)
+	}
+	d.refresh(ctx, agent)
+	return evidence, err
+}
+
+// Release lifts a quarantine. The agent stays down until started.
+func (d *Daemon) Release(ctx context.Context, agent, by string) error {
+	m, err := quarantine.Release(d.qdirs, agent)
+	if err != nil {
+		return fmt.Errorf("%w: %v", bus.ErrInvalid, err)
+	}
+	d.log.Warn("agent released from quarantine", "agent", agent, "by", by, "quarantined_by", m.By, "reason", m.Reason, "evidence", m.Evidence)
+	d.srv.Emit(bus.SignalAgentReleased, agent, by)
+	d.refresh(ctx, agent)
+	return nil
+}
+
+// Reload re-reads the configuration and reconciles. An invalid config is
+// refused and the running one kept.
+func (d *Daemon) Reload(ctx context.Context, by string) error {
+	cfg, err := d.loadConfig()
+	if err != nil {
+		d.log.Error("reload refused", "by", by, "err", err)
+		return fmt.Errorf("%w: %v (the running configuration is unchanged)", bus.ErrInvalid, err)
+	}
+	d.mu.Lock()
+	d.cfg = cfg
+	d.mu.Unlock()
+	d.log.Info("reload", "by", by, "agents", len(cfg.Agents))
+	err = d.reconcile(ctx, "reload by "+by)
+	d.publishAgents(ctx)
+	gen, channel := d.storeCurrent()
+	d.srv.SetManager(gen, channel, d.reconcileErrString())
+	return err
+}
+
+// ReadAudit returns complete audit records of agent from offset on. A
+// negative offset means "the newest max records".
+func (d *Daemon) ReadAudit(ctx context.Context, agent string, offset int64, max uint32) ([]string, int64, error) {
+	if max == 0 || max > 10000 {
+		max = 10000
+	}
+	return readRecords(d.qdirs.AuditFile(agent), offset, int(max))
+}
+
+// readRecords reads whole lines from offset; it never returns a record the
+// gateway is still writing.
+func readRecords(path string, offset int64, max int) ([]string, int64, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, 0, nil
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("audit: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, 0, fmt.Errorf("audit: %w", err)
+	}
+	size := st.Size()
+	tail := offset < 0
+	if tail {
+		// The newest records: read back at most 4 MiB.
+		offset = max64(0, size-4<<20)
+	}
+	if offset > size {
+		offset = 0 // the log was truncated or rotated
+	}
+	if _, err := f.Seek(offset, io.SeekStart); err != nil {
+		return nil, 0, fmt.Errorf("audit: %w", err)
+	}
+	br := bufio.NewReaderSize(io.LimitReader(f, 4<<20), 64<<10)
+	var lines []string
+	pos := offset
+	first := tail && offset > 0
+	for {
+		b, err := br.ReadBytes('\n')
+		if err != nil {
+			break // partial last line: left for the next read
+		}
+		pos += int64(len(b))
+		if first {
+			first = false // started mid-record
+			continue
+		}
+		if line := string(bytes.TrimRight(b, "\n")); line != "" {
+			lines = append(lines, line)
+		}
+		if !tail && len(lines) >= max {
+			break
+		}
+	}
+	if tail && len(lines) > max {
+		lines = lines[len(lines)-max:]
+	}
+	return lines, pos, nil
+}
+
+func max64(a, b int64) int64 {
+	if a > b {
+		return a
+	}
+	return b
+}
+
+// openStore opens the shared store as the config declares it.
+func (d *Daemon) openStore(readOnly bool) (*store.Store, error) {
+	sc := d.config().Store
+	if sc == nil {
+		return nil, errNoStore
+	}
+	keys := make([]string, len(sc.Keys))
+	for i, k := range sc.Keys {
+		keys[i] = d.qdirs.Host(k)
+	}
+	return store.Open(store.Options{
+		Root: d.qdirs.Host(sc.Root), Channel: sc.Channel, TrustedKeys: keys, NixPublicKeys: sc.NixKeys,
+		Threshold: sc.Threshold, Keep: sc.Generations, Logger: d.log, ReadOnly: readOnly,
+	})
+}
+
+// storeCurrent is the generation in use and its channel (0, "" if none).
+func (d *Daemon) storeCurrent() (uint64, string) {
+	sc := d.config().Store
+	if sc == nil {
+		return 0, ""
+	}
+	s, err := d.openStore(true)
+	if err != nil {
+		return 0, sc.Channel
+	}
+	n, err := s.Current()
+	if err != nil {
+		return 0, sc.Channel
+	}
+	return n, sc.Channel
+}
+
+// Apply verifies a release and makes it current. Running agents keep the
+// generation they started with until restarted; status shows which.
+func (d *Daemon) Apply(ctx context.Context, source, by string) (*bus.ApplyResult, error) {
+	d.op.Lock()
+	defer d.op.Unlock()
+	s, err := d.openStore(false)
+	if err != nil {
+		return nil, err
+	}
+	src, err := release.NewSource(source)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", bus.ErrInvalid, err)
+	}
+	d.log.Info("apply release", "source", source, "by", by)
+	res, err := s.Apply(ctx, src)
+	if err != nil {
+		d.log.Error("release refused", "source", source, "by", by, "err", err)
+		return nil, err
+	}
+	d.log.Warn("release applied", "generation", res.Generation, "previous", res.Previous, "top", res.Top, "by", by)
+	d.srv.Emit(bus.SignalReleaseApplied, res.Generation, res.Previous, by)
+	d.srv.SetManager(res.Generation, res.Channel, d.reconcileErrString())
+	return &bus.ApplyResult{Generation: res.Generation, Previous: res.Previous, Channel: res.Channel, Top: res.Top,
+		Added: uint32(res.Added), Reused: uint32(res.Reused), Bytes: res.Bytes}, nil
+}
+
+// Rollback switches the store to an older kept generation.
+func (d *Daemon) Rollback(ctx context.Context, to uint64, by string) (uint64, uint64, error) {
+	d.op.Lock()
+	defer d.op.Unlock()
+	s, err := d.openStore(false)
+	if err != nil {
+		return 0, 0, err
+	}
+	from, now, err := s.Rollback(ctx, to)
+	if err != nil {
+		return 0, 0, err
+	}
+	d.log.Warn("store rolled back", "from", from, "to", now, "by", by)
+	d.srv.Emit(bus.SignalReleaseApplied, now, from, by)
+	_, channel := d.storeCurrent()
+	d.srv.SetManager(now, channel, d.reconcileErrString())
+	return from, now, nil
+}
+
+// Generations lists the kept generations.
+func (d *Daemon) Generations(ctx context.Context) ([]bus.Generation, error) {
+	s, err := d.openStore(true)
+	if err != nil {
+		return nil, err
+	}
+	gens, err := s.Generations()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]bus.Generation, len(gens))
+	for i, g := range gens {
+		out[i] = bus.Generation{Number: g.Number, Channel: g.Channel, CreatedUnix: g.Created.Unix(), ExpiresUnix: g.Expires.Unix(),
+			Top: g.Top, Paths: uint32(g.Paths), Current: g.Current}
+	}
+	return out, nil
+}
