@@ -75,7 +75,9 @@ func TestLifecycleKillAndEvents(t *testing.T) {
 	if err := cl.Kill(ctx, "beta"); err != nil {
 		t.Fatal(err)
 	}
-	waitEvent(t, events, func(e bus.Event) bool { return e.Kind == bus.SignalAgentKilled && e.Agent == "beta" && e.Data["by"] != "" })
+	waitEvent(t, events, func(e bus.Event) bool {
+		return e.Kind == bus.SignalAgentKilled && e.Agent == "beta" && e.Data["by"] != ""
+	})
 	if err := cl.Restart(ctx, "beta"); err != nil {
 		t.Fatal(err)
 	}
