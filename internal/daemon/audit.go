@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nixcage/nixcage/internal/auditlog"
 	"github.com/nixcage/nixcage/internal/bus"
 )
 
@@ -82,7 +83,7 @@ func (t *auditTail) poll() {
 		}
 		offset := st.offset
 		t.mu.Unlock()
-		lines, next, err := readRecords(t.d.qdirs.AuditFile(a.Name), offset, 10000)
+		lines, next, err := auditlog.Read(t.d.qdirs.AuditFile(a.Name), offset, 10000)
 		if err != nil || next == offset {
 			continue
 		}

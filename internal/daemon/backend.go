@@ -1,15 +1,12 @@
 package daemon
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 	"syscall"
 
+	"github.com/nixcage/nixcage/internal/auditlog"
 	"github.com/nixcage/nixcage/internal/bus"
 	"github.com/nixcage/nixcage/internal/config"
 	"github.com/nixcage/nixcage/internal/paths"
@@ -227,68 +224,7 @@ func (d *Daemon) ReadAudit(ctx context.Context, agent string, offset int64, max 
 	if max == 0 || max > 10000 {
 		max = 10000
 	}
-	return readRecords(d.qdirs.AuditFile(agent), offset, int(max))
-}
-
-// readRecords reads whole lines from offset; it never returns a record the
-// gateway is still writing.
-func readRecords(path string, offset int64, max int) ([]string, int64, error) {
-	f, err := os.Open(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, 0, nil
-	}
-	if err != nil {
-		return nil, 0, fmt.Errorf("audit: %w", err)
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, 0, fmt.Errorf("audit: %w", err)
-	}
-	size := st.Size()
-	tail := offset < 0
-	if tail {
-		// The newest records: read back at most 4 MiB.
-		offset = max64(0, size-4<<20)
-	}
-	if offset > size {
-		offset = 0 // the log was truncated or rotated
-	}
-	if _, err := f.Seek(offset, io.SeekStart); err != nil {
-		return nil, 0, fmt.Errorf("audit: %w", err)
-	}
-	br := bufio.NewReaderSize(io.LimitReader(f, 4<<20), 64<<10)
-	var lines []string
-	pos := offset
-	first := tail && offset > 0
-	for {
-		b, err := br.ReadBytes('\n')
-		if err != nil {
-			break // partial last line: left for the next read
-		}
-		pos += int64(len(b))
-		if first {
-			first = false // started mid-record
-			continue
-		}
-		if line := string(bytes.TrimRight(b, "\n")); line != "" {
-			lines = append(lines, line)
-		}
-		if !tail && len(lines) >= max {
-			break
-		}
-	}
-	if tail && len(lines) > max {
-		lines = lines[len(lines)-max:]
-	}
-	return lines, pos, nil
-}
-
-func max64(a, b int64) int64 {
-	if a > b {
-		return a
-	}
-	return b
+	return auditlog.Read(d.qdirs.AuditFile(agent), offset, int(max))
 }
 
 // openStore opens the shared store as the config declares it.
