@@ -176,7 +176,12 @@ func Serve(ctx context.Context, o Options) error {
 
 	// First reconcile before taking the name: when systemd sees caged ready
 	// (Type=dbus), the declared agents are installed.
-	d.reconcile(ctx, "start")
+	// Bounded: with Type=dbus systemd waits for the name, and a start job
+	// that hangs must not keep caged from serving. Jobs left running go on
+	// in systemd; the status reports the error.
+	rctx, rcancel := context.WithTimeout(ctx, startupReconcileTimeout)
+	d.reconcile(rctx, "start")
+	rcancel()
 	gen, channel := d.storeCurrent()
 	d.lastGeneration = gen
 	if err := d.srv.Export(bus.ManagerProps{Version: Version, Mode: o.Units, Config: o.Config, Channel: channel, Generation: gen}); err != nil {
@@ -404,5 +409,9 @@ func agentOfUnit(unit string) (string, bool) {
 	}
 	return "", false
 }
+
+// startupReconcileTimeout stays well below systemd's default
+// TimeoutStartSec= (90s).
+const startupReconcileTimeout = 60 * time.Second
 
 var errNoStore = errors.New("no store block in the configuration: declare store { channel = ..., keys = [...] } to accept releases")

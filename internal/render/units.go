@@ -29,6 +29,11 @@ func (r *renderer) caged() {
 	svc := sec("Service",
 		"Type", "dbus",
 		"BusName", paths.BusName,
+		// In --units render mode caged installs tmpfiles rules for podman
+		// cages under /run/tmpfiles.d, which may not exist yet and is not
+		// writable under ProtectSystem=strict; create it with full
+		// privileges ("+") so ReadWritePaths= below can open it up.
+		"ExecStartPre", "+/bin/mkdir -p /run/tmpfiles.d",
 		"ExecStart", quoteCmd([]string{r.bin("caged"), "--config", r.cagedConfig()}),
 		"Restart", "on-failure",
 		"RestartSec", "2",
@@ -41,7 +46,7 @@ func (r *renderer) caged() {
 		"StateDirectory", "nixcage",
 		"RuntimeDirectory", "nixcage",
 		"RuntimeDirectoryPreserve", "yes",
-		"ReadWritePaths", storeRoot+" -/run/systemd/system",
+		"ReadWritePaths", storeRoot+" -/run/systemd/system -/run/tmpfiles.d",
 		"PrivateNetwork", "no", // fetches releases by URL
 		"RestrictAddressFamilies", "AF_UNIX AF_INET AF_INET6",
 		"IPAddressDeny", "link-local multicast",
