@@ -83,6 +83,12 @@ func (t *auditTail) poll() {
 		}
 		offset := st.offset
 		t.mu.Unlock()
+		// A stat per agent and poll; the file is opened only when it grew
+		// (or shrank: rotated).
+		fi, err := os.Stat(t.d.qdirs.AuditFile(a.Name))
+		if err != nil || fi.Size() == offset {
+			continue
+		}
 		lines, next, err := auditlog.Read(t.d.qdirs.AuditFile(a.Name), offset, 10000)
 		if err != nil || next == offset {
 			continue

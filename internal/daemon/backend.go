@@ -11,7 +11,6 @@ import (
 	"github.com/nixcage/nixcage/internal/config"
 	"github.com/nixcage/nixcage/internal/paths"
 	"github.com/nixcage/nixcage/internal/quarantine"
-	"github.com/nixcage/nixcage/internal/reconcile"
 	"github.com/nixcage/nixcage/internal/release"
 	"github.com/nixcage/nixcage/internal/store"
 )
@@ -24,17 +23,11 @@ func (d *Daemon) Accounts() []*config.Account { return d.config().Accounts }
 // HasAgent implements bus.Backend.
 func (d *Daemon) HasAgent(agent string) bool { return d.config().Agent(agent) != nil }
 
-// Status reads every agent's units from systemd in one call.
+// Status answers from caged's cache of unit states (kept current by
+// systemd's PropertiesChanged signals and refreshed after every operation
+// and every stateRefresh), so reading status costs no call to systemd.
 func (d *Daemon) Status(ctx context.Context) (*bus.Status, error) {
 	cfg := d.config()
-	names := make([]string, 0, 2*len(cfg.Agents))
-	for _, a := range cfg.Agents {
-		names = append(names, paths.Instance(paths.AgentTemplate, a.Name), paths.Instance(paths.EgressTemplate, a.Name))
-	}
-	states, err := d.units.States(ctx, names)
-	if err != nil {
-		return nil, err
-	}
 	gen, channel := d.storeCurrent()
 	d.mu.RLock()
 	st := &bus.Status{
@@ -44,20 +37,14 @@ func (d *Daemon) Status(ctx context.Context) (*bus.Status, error) {
 	}
 	d.mu.RUnlock()
 	for _, a := range cfg.Agents {
-		st.Agents = append(st.Agents, d.agentStatus(a, states))
+		st.Agents = append(st.Agents, d.agentStatus(a))
 	}
 	return st, nil
 }
 
-func (d *Daemon) agentStatus(a *config.Agent, states map[string]reconcile.State) bus.AgentStatus {
+func (d *Daemon) agentStatus(a *config.Agent) bus.AgentStatus {
 	unit := paths.Instance(paths.AgentTemplate, a.Name)
-	s := states[unit]
-	as := bus.AgentStatus{
-		Name: a.Name, Backend: a.Backend, Unit: unit,
-		LoadState: s.Load, ActiveState: s.Active, SubState: s.Sub,
-		EgressState: states[paths.Instance(paths.EgressTemplate, a.Name)].Active,
-		Autostart:   a.Autostart,
-	}
+	as := bus.AgentStatus{Name: a.Name, Backend: a.Backend, Unit: unit, Autostart: a.Autostart}
 	if m, _ := quarantine.Read(d.qdirs, a.Name); m != nil {
 		as.Quarantined, as.QuarantineReason = true, m.Reason
 	}
@@ -65,6 +52,9 @@ func (d *Daemon) agentStatus(a *config.Agent, states map[string]reconcile.State)
 		as.Allowed, as.Flagged, as.Blocked = d.audit.counts(a.Name)
 	}
 	d.mu.RLock()
+	s := d.states[unit]
+	as.LoadState, as.ActiveState, as.SubState = s.Load, s.Active, s.Sub
+	as.EgressState = d.states[paths.Instance(paths.EgressTemplate, a.Name)].Active
 	if s.Running() {
 		as.Generation = d.agentGen[a.Name]
 	}
@@ -72,17 +62,40 @@ func (d *Daemon) agentStatus(a *config.Agent, states map[string]reconcile.State)
 	return as
 }
 
-// Agent is one agent's status.
+// refreshStates reads the units of agents (all when none given) from
+// systemd into the cache.
+func (d *Daemon) refreshStates(ctx context.Context, agents ...string) error {
+	if len(agents) == 0 {
+		for _, a := range d.config().Agents {
+			agents = append(agents, a.Name)
+		}
+	}
+	names := make([]string, 0, 2*len(agents))
+	for _, a := range agents {
+		names = append(names, paths.Instance(paths.AgentTemplate, a), paths.Instance(paths.EgressTemplate, a))
+	}
+	states, err := d.units.States(ctx, names)
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	for n, s := range states {
+		d.states[n] = s
+	}
+	d.mu.Unlock()
+	return nil
+}
+
+// Agent is one agent's status, read fresh from systemd.
 func (d *Daemon) Agent(ctx context.Context, name string) (*bus.AgentStatus, error) {
 	a := d.config().Agent(name)
 	if a == nil {
 		return nil, fmt.Errorf("%w: %q", bus.ErrNoSuchAgent, name)
 	}
-	states, err := d.units.States(ctx, []string{paths.Instance(paths.AgentTemplate, name), paths.Instance(paths.EgressTemplate, name)})
-	if err != nil {
+	if err := d.refreshStates(ctx, name); err != nil {
 		return nil, err
 	}
-	st := d.agentStatus(a, states)
+	st := d.agentStatus(a)
 	return &st, nil
 }
 

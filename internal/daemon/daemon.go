@@ -108,6 +108,7 @@ type Daemon struct {
 	reconciled     time.Time
 	reconcileErr   string
 	agentGen       map[string]uint64 // store generation an agent started with
+	states         map[string]reconcile.State
 	audit          *auditTail
 	lastGeneration uint64
 }
@@ -139,7 +140,7 @@ func Serve(ctx context.Context, o Options) error {
 		// unreadable to them. Every file caged writes sets its mode.
 		syscall.Umask(0o022)
 	}
-	d := &Daemon{o: o, log: o.Log, started: time.Now(), qdirs: quarantine.Dirs{Root: o.Root}, agentGen: map[string]uint64{}}
+	d := &Daemon{o: o, log: o.Log, started: time.Now(), qdirs: quarantine.Dirs{Root: o.Root}, agentGen: map[string]uint64{}, states: map[string]reconcile.State{}}
 	cfg, err := d.loadConfig()
 	if err != nil {
 		return err
@@ -166,13 +167,17 @@ func Serve(ctx context.Context, o Options) error {
 	defer d.conn.Close()
 	d.srv = bus.NewServer(d.conn, d, bus.ServerOptions{Users: o.Users, Log: o.Log})
 
-	// Unit state changes become properties and signals.
-	updates := make(chan *sdbus.PropertiesUpdate, 256)
+	// Unit state changes become properties and signals. The watcher runs
+	// from here on, so the first reconcile's changes are seen too.
+	updates := make(chan *sdbus.PropertiesUpdate, 4096)
 	subErrs := make(chan error, 16)
 	d.sd.SetPropertiesSubscriber(updates, subErrs)
 	if err := d.sd.Subscribe(); err != nil {
 		d.log.Warn("subscribe to systemd", "err", err)
 	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); d.watchUnits(ctx, updates, subErrs) }()
 
 	// First reconcile before taking the name: when systemd sees caged ready
 	// (Type=dbus), the declared agents are installed.
@@ -191,11 +196,10 @@ func Serve(ctx context.Context, o Options) error {
 	d.srv.SetManager(gen, channel, d.reconcileErrString())
 
 	d.audit = newAuditTail(d, o.PollInterval)
-	var wg sync.WaitGroup
 	wg.Add(3)
 	go func() { defer wg.Done(); d.audit.run(ctx) }()
-	go func() { defer wg.Done(); d.watchUnits(ctx, updates, subErrs) }()
 	go func() { defer wg.Done(); d.watchdog(ctx) }()
+	go func() { defer wg.Done(); d.refreshLoop(ctx) }()
 
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
@@ -311,12 +315,18 @@ func (d *Daemon) reconcile(ctx context.Context, why string) error {
 		}
 		d.srv.Emit(bus.SignalReconciled, msg)
 	}
+	if rerr := d.refreshStates(ctx); rerr != nil {
+		d.log.Warn("read unit states", "err", rerr)
+	}
 	d.log.Debug("reconcile done", "why", why, "err", err)
 	return err
 }
 
 // publishAgents exports (and prunes) the agent objects from a fresh status.
 func (d *Daemon) publishAgents(ctx context.Context) {
+	if err := d.refreshStates(ctx); err != nil {
+		d.log.Warn("read unit states", "err", err)
+	}
 	st, err := d.Status(ctx)
 	if err != nil {
 		d.log.Warn("status for bus objects", "err", err)
@@ -330,8 +340,9 @@ func (d *Daemon) publishAgents(ctx context.Context) {
 	}
 }
 
-// watchUnits turns systemd's PropertiesChanged into agent properties and
-// AgentStateChanged signals.
+// watchUnits applies systemd's PropertiesChanged to the state cache, the
+// agents' bus properties and AgentStateChanged signals. It never calls
+// systemd, so a burst of changes cannot back up the subscription.
 func (d *Daemon) watchUnits(ctx context.Context, updates <-chan *sdbus.PropertiesUpdate, errs <-chan error) {
 	for {
 		select {
@@ -341,36 +352,78 @@ func (d *Daemon) watchUnits(ctx context.Context, updates <-chan *sdbus.Propertie
 			d.log.Warn("systemd subscription", "err", err)
 		case u := <-updates:
 			agent, ok := agentOfUnit(u.UnitName)
-			if !ok || d.config().Agent(agent) == nil {
+			if !ok {
 				continue
 			}
-			active, hasA := u.Changed["ActiveState"]
-			sub, hasS := u.Changed["SubState"]
-			if !hasA && !hasS {
+			a := d.config().Agent(agent)
+			if a == nil {
 				continue
 			}
-			st, err := d.Agent(ctx, agent)
-			if err != nil {
-				continue
-			}
-			d.srv.UpdateAgent(*st)
-			if u.UnitName == paths.Instance(paths.AgentTemplate, agent) {
-				a, s := st.ActiveState, st.SubState
-				if hasA {
-					a, _ = active.Value().(string)
+			str := func(k string) (string, bool) {
+				v, ok := u.Changed[k]
+				if !ok {
+					return "", false
 				}
-				if hasS {
-					s, _ = sub.Value().(string)
-				}
-				if a == "active" {
+				s, ok := v.Value().(string)
+				return s, ok
+			}
+			active, hasA := str("ActiveState")
+			sub, hasS := str("SubState")
+			load, hasL := str("LoadState")
+			if !hasA && !hasS && !hasL {
+				continue
+			}
+			d.mu.Lock()
+			s := d.states[u.UnitName]
+			if hasA {
+				s.Active = active
+			}
+			if hasS {
+				s.Sub = sub
+			}
+			if hasL {
+				s.Load = load
+			}
+			d.states[u.UnitName] = s
+			isAgent := u.UnitName == paths.Instance(paths.AgentTemplate, agent)
+			if isAgent && s.Running() {
+				if _, known := d.agentGen[agent]; !known {
+					d.mu.Unlock()
 					gen, _ := d.storeCurrent()
 					d.mu.Lock()
-					if _, known := d.agentGen[agent]; !known {
-						d.agentGen[agent] = gen
-					}
-					d.mu.Unlock()
+					d.agentGen[agent] = gen
 				}
-				d.srv.Emit(bus.SignalAgentStateChanged, agent, a, s)
+			}
+			d.mu.Unlock()
+			if d.srv == nil {
+				continue
+			}
+			d.srv.UpdateAgent(d.agentStatus(a))
+			if isAgent && (hasA || hasS) {
+				d.srv.Emit(bus.SignalAgentStateChanged, agent, s.Active, s.Sub)
+			}
+		}
+	}
+}
+
+// refreshLoop re-reads every unit state now and then, bounding how stale
+// the cache can get if a signal was lost.
+func (d *Daemon) refreshLoop(ctx context.Context) {
+	t := time.NewTicker(stateRefresh)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := d.refreshStates(ctx); err != nil && ctx.Err() == nil {
+				d.log.Warn("refresh unit states", "err", err)
+				continue
+			}
+			if st, err := d.Status(ctx); err == nil {
+				for _, a := range st.Agents {
+					d.srv.UpdateAgent(a)
+				}
 			}
 		}
 	}
@@ -413,5 +466,8 @@ func agentOfUnit(unit string) (string, bool) {
 // startupReconcileTimeout stays well below systemd's default
 // TimeoutStartSec= (90s).
 const startupReconcileTimeout = 60 * time.Second
+
+// stateRefresh is how often the unit state cache is re-read in full.
+const stateRefresh = 30 * time.Second
 
 var errNoStore = errors.New("no store block in the configuration: declare store { channel = ..., keys = [...] } to accept releases")

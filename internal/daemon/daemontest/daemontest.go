@@ -20,6 +20,10 @@ import (
 	"github.com/nixcage/nixcage/internal/reconcile/fakesd"
 )
 
+// PollInterval is how often the test daemon reads audit logs: short, so
+// tests see egress events quickly. Benchmarks set caged's production value.
+var PollInterval = 20 * time.Millisecond
+
 // Caged is a running test daemon.
 type Caged struct {
 	t      testing.TB
@@ -67,7 +71,7 @@ func (c *Caged) Restart() {
 	}
 	o := daemon.Options{
 		Config: c.Config, Units: reconcile.ModeRender, Bus: c.Bus.Address, Systemd: c.Bus.Address,
-		Root: c.Root, BinDir: "/usr/local/bin", Users: c.Users, PollInterval: 20 * time.Millisecond,
+		Root: c.Root, BinDir: "/usr/local/bin", Users: c.Users, PollInterval: PollInterval,
 		Ready: func() { close(ready) }, Log: lg,
 	}
 	go func() { c.done <- daemon.Serve(ctx, o) }()
