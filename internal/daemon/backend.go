@@ -36,16 +36,25 @@ func (d *Daemon) Status(ctx context.Context) (*bus.Status, error) {
 		Agents: make([]bus.AgentStatus, 0, len(cfg.Agents)),
 	}
 	d.mu.RUnlock()
+	marks, err := quarantine.List(d.qdirs)
+	if err != nil {
+		return nil, err
+	}
 	for _, a := range cfg.Agents {
-		st.Agents = append(st.Agents, d.agentStatus(a))
+		st.Agents = append(st.Agents, d.agentStatusWith(a, marks[a.Name]))
 	}
 	return st, nil
 }
 
 func (d *Daemon) agentStatus(a *config.Agent) bus.AgentStatus {
+	m, _ := quarantine.Read(d.qdirs, a.Name)
+	return d.agentStatusWith(a, m)
+}
+
+func (d *Daemon) agentStatusWith(a *config.Agent, m *quarantine.Mark) bus.AgentStatus {
 	unit := paths.Instance(paths.AgentTemplate, a.Name)
 	as := bus.AgentStatus{Name: a.Name, Backend: a.Backend, Unit: unit, Autostart: a.Autostart}
-	if m, _ := quarantine.Read(d.qdirs, a.Name); m != nil {
+	if m != nil {
 		as.Quarantined, as.QuarantineReason = true, m.Reason
 	}
 	if d.audit != nil {

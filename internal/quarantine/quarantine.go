@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/nixcage/nixcage/internal/paths"
@@ -78,6 +79,31 @@ func Read(d Dirs, agent string) (*Mark, error) {
 		m.Reason = "(unreadable mark: " + err.Error() + ")"
 	}
 	return m, nil
+}
+
+// List returns the marks of every quarantined agent, reading the mark
+// directory once (status for a thousand agents must not open a thousand
+// files).
+func List(d Dirs) (map[string]*Mark, error) {
+	dir := filepath.Dir(d.MarkPath("x"))
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return map[string]*Mark{}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("quarantine marks: %w", err)
+	}
+	out := make(map[string]*Mark, len(ents))
+	for _, e := range ents {
+		name := e.Name()
+		if strings.HasPrefix(name, ".") {
+			continue // a mark being written
+		}
+		if m, err := Read(d, name); err == nil && m != nil {
+			out[name] = m
+		}
+	}
+	return out, nil
 }
 
 // Quarantined reports whether agent's mark exists.
