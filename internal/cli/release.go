@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -117,13 +118,9 @@ func runReleaseVerify(ctx context.Context, env *Env, args []string) error {
 	if err := rel.CheckCacheInfo(ctx); err != nil {
 		return failure(err)
 	}
-	var size int64
-	for _, p := range rel.Manifest.Paths {
-		st, err := rel.Unpack(ctx, p, "")
-		if err != nil {
-			return failure(err)
-		}
-		size += st.Size
+	size, err := rel.VerifyAll(ctx, runtime.GOMAXPROCS(0))
+	if err != nil {
+		return failure(err)
 	}
 	m := rel.Manifest
 	fmt.Fprintf(env.Out, "ok: channel %s generation %d, %s, %d paths (%s) re-hashed, expires %s\n",

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/nixcage/nixcage/internal/release/releasetest"
+	"github.com/nixcage/nixcage/internal/store"
 )
 
 func cagectl(t *testing.T, args ...string) (string, string, int) {
@@ -59,12 +60,12 @@ func TestStoreCommandsEndToEnd(t *testing.T) {
 	if code != ExitNoConn || !strings.Contains(errOut, "--offline --store ROOT") {
 		t.Fatalf("apply without --offline: exit %d %q", code, errOut)
 	}
-	store := []string{"--offline", "--store", root, "--channel", "stable", "--key", key + ".pub"}
-	out = mustRun(t, append([]string{"apply", rel1}, store...)...)
+	storeArgs := []string{"--offline", "--store", root, "--channel", "stable", "--key", key + ".pub"}
+	out = mustRun(t, append([]string{"apply", rel1}, storeArgs...)...)
 	if !strings.Contains(out, "generation 1 (channel stable) is current") {
 		t.Fatalf("apply: %q", out)
 	}
-	mustRun(t, append([]string{"apply", rel2}, store...)...)
+	mustRun(t, append([]string{"apply", rel2}, storeArgs...)...)
 	out = mustRun(t, "generations", "--store", root)
 	if !strings.Contains(out, "*    2") || !strings.Contains(out, "     1") {
 		t.Fatalf("generations:\n%s", out)
@@ -77,7 +78,7 @@ func TestStoreCommandsEndToEnd(t *testing.T) {
 	if !strings.Contains(out, "from generation 2 to 1") {
 		t.Fatalf("rollback: %q", out)
 	}
-	_, errOut, code = cagectl(t, append([]string{"apply", rel2}, store...)...)
+	_, errOut, code = cagectl(t, append([]string{"apply", rel2}, storeArgs...)...)
 	if code != ExitFailure || !strings.Contains(errOut, "rollback protection") {
 		t.Fatalf("re-apply after rollback: exit %d %q", code, errOut)
 	}
@@ -118,5 +119,24 @@ func TestStoreCommandUsage(t *testing.T) {
 	var ee *ExitError
 	if err := Run(context.Background(), []string{"rollback"}, Stdio{Out: &bytes.Buffer{}, Err: &bytes.Buffer{}}); !errors.As(err, &ee) || ee.Code != ExitNoConn {
 		t.Errorf("rollback without --offline: %v", err)
+	}
+}
+
+func TestProgressPrinter(t *testing.T) {
+	var b bytes.Buffer
+	p := &progressPrinter{w: &b}
+	p.update(store.Progress{Phase: "unpack", Done: 0, Total: 4, TotalBytes: 8 << 20})
+	p.update(store.Progress{Phase: "unpack", Done: 1, Total: 4, Bytes: 1 << 20, TotalBytes: 8 << 20}) // throttled
+	p.update(store.Progress{Phase: "unpack", Done: 4, Total: 4, Bytes: 8 << 20, TotalBytes: 8 << 20}) // final: always drawn
+	p.done()
+	out := b.String()
+	if !strings.Contains(out, "unpack: 0/4 paths, 0.0 MiB/8.0 MiB") || !strings.Contains(out, "unpack: 4/4 paths, 8.0 MiB/8.0 MiB") {
+		t.Fatalf("progress output %q", out)
+	}
+	if strings.Contains(out, "1/4") {
+		t.Fatalf("progress not throttled: %q", out)
+	}
+	if isTerminal(&b) {
+		t.Fatal("a buffer is not a terminal")
 	}
 }

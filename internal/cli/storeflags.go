@@ -32,6 +32,7 @@ type storeFlags struct {
 	threshold int
 	keep      int
 	offline   bool
+	jobs      int
 }
 
 func addStoreFlags(fs *flag.FlagSet, writer bool) *storeFlags {
@@ -44,13 +45,14 @@ func addStoreFlags(fs *flag.FlagSet, writer bool) *storeFlags {
 		fs.Var(&sf.nixKeys, "nix-key", "trusted Nix public key `name:base64`; every narinfo must then be signed (repeatable)")
 		fs.IntVar(&sf.keep, "keep", 3, "generations to keep")
 		fs.BoolVar(&sf.offline, "offline", false, "act directly on the store root instead of asking caged (bootstrap, tests)")
+		fs.IntVar(&sf.jobs, "jobs", 0, "NARs unpacked in parallel (0: automatic)")
 	}
 	return sf
 }
 
 func (sf *storeFlags) options() store.Options {
 	return store.Options{Root: sf.root, Channel: sf.channel, TrustedKeys: sf.keys,
-		NixPublicKeys: sf.nixKeys, Threshold: sf.threshold, Keep: sf.keep}
+		NixPublicKeys: sf.nixKeys, Threshold: sf.threshold, Keep: sf.keep, Workers: sf.jobs}
 }
 
 // errNoBus is what writers say until caged's D-Bus interface is wired in.

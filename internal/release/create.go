@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -125,10 +126,8 @@ func Create(ctx context.Context, o CreateOptions) (*Manifest, error) {
 	}
 	// Never sign what we have not checked: re-hash every NAR Nix wrote.
 	rel := &Release{Src: src, Manifest: m}
-	for _, p := range m.Paths {
-		if _, err := rel.Unpack(ctx, p, ""); err != nil {
-			return nil, fmt.Errorf("check cache before signing: %w", err)
-		}
+	if _, err := rel.VerifyAll(ctx, runtime.GOMAXPROCS(0)); err != nil {
+		return nil, fmt.Errorf("check cache before signing: %w", err)
 	}
 	raw, err := m.Marshal()
 	if err != nil {

@@ -149,14 +149,7 @@ func unpack(br io.Reader, hr *hashReader, dst string) (st NarStats, err error) {
 			if hdr.Executable {
 				mode = 0o555
 			}
-			f, err := os.OpenFile(target, os.O_WRONLY|os.O_CREATE|os.O_EXCL|noFollow, mode)
-			if err != nil {
-				return st, fmt.Errorf("unpack: %w", err)
-			}
-			n, err := io.CopyBuffer(struct{ io.Writer }{f}, nr, buf)
-			if cerr := f.Close(); err == nil {
-				err = cerr
-			}
+			n, err := writeFile(target, mode, nr, buf)
 			if err != nil {
 				return st, fmt.Errorf("unpack %s: %w", p, err)
 			}

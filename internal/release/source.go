@@ -125,6 +125,10 @@ type HTTPSource struct {
 	Base    *url.URL
 	Client  *http.Client // nil: http.DefaultClient
 	Retries int          // resume attempts per file; 0 means 5
+	// IdleTimeout aborts (and then resumes) a response that delivers no
+	// byte for this long, so a stalling server cannot hold an apply
+	// forever; 0 means 60s.
+	IdleTimeout time.Duration
 }
 
 func (h *HTTPSource) String() string { return h.Base.String() }
@@ -146,6 +150,8 @@ func (h *HTTPSource) Open(ctx context.Context, name string, max int64) (io.ReadC
 
 type httpReader struct {
 	ctx     context.Context
+	cancel  context.CancelFunc // of the current request
+	idle    *time.Timer
 	h       *HTTPSource
 	url     string
 	name    string
@@ -164,8 +170,16 @@ func (r *httpReader) client() *http.Client {
 
 // request (re)opens the body at r.off.
 func (r *httpReader) request() error {
-	req, err := http.NewRequestWithContext(r.ctx, http.MethodGet, r.url, nil)
+	timeout := r.h.IdleTimeout
+	if timeout == 0 {
+		timeout = 60 * time.Second
+	}
+	rctx, cancel := context.WithCancel(r.ctx)
+	r.cancel = cancel
+	r.idle = time.AfterFunc(timeout, cancel)
+	req, err := http.NewRequestWithContext(rctx, http.MethodGet, r.url, nil)
 	if err != nil {
+		r.stop()
 		return err
 	}
 	if r.off > 0 {
@@ -173,8 +187,15 @@ func (r *httpReader) request() error {
 	}
 	resp, err := r.client().Do(req)
 	if err != nil {
+		r.stop()
 		return fmt.Errorf("fetch %s: %w", r.name, err)
 	}
+	ok := false
+	defer func() {
+		if !ok {
+			r.stop()
+		}
+	}()
 	switch {
 	case r.off == 0 && resp.StatusCode == http.StatusOK:
 	case r.off > 0 && resp.StatusCode == http.StatusPartialContent:
@@ -197,7 +218,18 @@ func (r *httpReader) request() error {
 		return fmt.Errorf("%s: %w (server announces %d bytes, limit %d)", r.name, ErrTooLarge, r.off+resp.ContentLength, r.max)
 	}
 	r.body = resp.Body
+	ok = true
 	return nil
+}
+
+// stop releases the current request's timer and context.
+func (r *httpReader) stop() {
+	if r.idle != nil {
+		r.idle.Stop()
+	}
+	if r.cancel != nil {
+		r.cancel()
+	}
 }
 
 func (r *httpReader) Read(p []byte) (int, error) {
@@ -209,6 +241,13 @@ func (r *httpReader) Read(p []byte) (int, error) {
 		}
 		n, err := r.body.Read(p)
 		r.off += int64(n)
+		if n > 0 {
+			timeout := r.h.IdleTimeout
+			if timeout == 0 {
+				timeout = 60 * time.Second
+			}
+			r.idle.Reset(timeout)
+		}
 		if err == nil || errors.Is(err, io.EOF) || n > 0 {
 			if errors.Is(err, io.EOF) || err == nil {
 				return n, err
@@ -220,6 +259,7 @@ func (r *httpReader) Read(p []byte) (int, error) {
 			return 0, r.ctx.Err()
 		}
 		r.body.Close()
+		r.stop()
 		r.body = nil
 		r.retries++
 		max := r.h.Retries
@@ -238,6 +278,7 @@ func (r *httpReader) Read(p []byte) (int, error) {
 }
 
 func (r *httpReader) Close() error {
+	defer r.stop()
 	if r.body != nil {
 		return r.body.Close()
 	}

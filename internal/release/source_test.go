@@ -143,3 +143,31 @@ func TestSourceNames(t *testing.T) {
 		t.Error("ftp source accepted")
 	}
 }
+
+// A server that stops sending mid-body is abandoned after IdleTimeout and
+// the read resumes from where it stopped.
+func TestHTTPSourceStallResumed(t *testing.T) {
+	content := bytes.Repeat([]byte("stall"), 100<<10)
+	var first atomic.Bool
+	first.Store(true)
+	src := httpSource(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if first.Swap(false) {
+			w.Header().Set("Content-Length", strconv.Itoa(len(content)))
+			w.Write(content[:10000])
+			w.(http.Flusher).Flush()
+			<-r.Context().Done() // stall until the client gives up
+			return
+		}
+		http.ServeContent(w, r, "x", time.Time{}, bytes.NewReader(content))
+	}))
+	src.IdleTimeout = 200 * time.Millisecond
+	rc, err := src.Open(context.Background(), "nar/x.nar", int64(len(content)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	got, err := io.ReadAll(rc)
+	if err != nil || !bytes.Equal(got, content) {
+		t.Fatalf("stalled download: %d bytes, %v", len(got), err)
+	}
+}

@@ -15,7 +15,6 @@ import (
 	"github.com/nix-community/go-nix/pkg/narinfo"
 	nixsig "github.com/nix-community/go-nix/pkg/narinfo/signature"
 	"github.com/nix-community/go-nix/pkg/storepath"
-	"github.com/ulikunitz/xz"
 )
 
 // Policy is what a release must satisfy to be accepted.
@@ -207,12 +206,83 @@ func (r *Release) OpenNAR(ctx context.Context, p PathInfo, ni *narinfo.NarInfo) 
 	if ni.Compression == "none" {
 		return &limitedReader{r: f, c: f, left: int64(p.NarSize), name: ni.URL}, nil
 	}
-	xr, err := xz.NewReader(f)
+	xr, err := openXZ(ctx, f)
 	if err != nil {
 		f.Close()
 		return nil, refuse("nar of %s: %v", p.Path, err)
 	}
-	return &limitedReader{r: xr, c: f, left: int64(p.NarSize), name: ni.URL}, nil
+	return &limitedReader{r: xr, c: multiCloser{xr, f}, left: int64(p.NarSize), name: ni.URL}, nil
+}
+
+type multiCloser []io.Closer
+
+func (m multiCloser) Close() error {
+	var first error
+	for _, c := range m {
+		if err := c.Close(); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// VerifyAll checks every closure member's narinfo and NAR (nothing is
+// unpacked), using workers goroutines.
+func (r *Release) VerifyAll(ctx context.Context, workers int) (int64, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	paths := r.Manifest.Paths
+	errs := make(chan error, len(paths))
+	sizes := make(chan int64, len(paths))
+	next := make(chan PathInfo)
+	go func() {
+		defer close(next)
+		for _, p := range paths {
+			select {
+			case next <- p:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	done := make(chan struct{})
+	for range max(1, min(workers, len(paths))) {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for p := range next {
+				st, err := r.Unpack(ctx, p, "")
+				if err != nil {
+					errs <- err
+					cancel()
+					return
+				}
+				sizes <- st.Size
+			}
+		}()
+	}
+	for range max(1, min(workers, len(paths))) {
+		<-done
+	}
+	close(errs)
+	close(sizes)
+	var first error
+	for err := range errs {
+		// Prefer the real cause over the cancellations it triggered.
+		if first == nil || (errors.Is(first, context.Canceled) && !errors.Is(err, context.Canceled)) {
+			first = err
+		}
+	}
+	if first != nil {
+		return 0, first
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	var total int64
+	for n := range sizes {
+		total += n
+	}
+	return total, nil
 }
 
 // Unpack verifies p's narinfo and NAR and, if dst is not empty, unpacks the

@@ -26,6 +26,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -48,7 +49,7 @@ type Options struct {
 	NixPublicKeys []string             // "name:base64"; when set every narinfo must be signed
 	Threshold     int                  // distinct trusted keys that must sign; default 1
 	Keep          int                  // generations kept (current included); default 3
-	Workers       int                  // parallel NAR unpackers; default 2
+	Workers       int                  // parallel NAR unpackers; default max(2, GOMAXPROCS)
 	Now           func() time.Time
 	Logger        *slog.Logger
 	Progress      func(Progress) // called from one goroutine at a time
@@ -103,7 +104,7 @@ func Open(opts Options) (*Store, error) {
 		opts.Threshold = 1
 	}
 	if opts.Workers <= 0 {
-		opts.Workers = 2
+		opts.Workers = max(2, runtime.GOMAXPROCS(0))
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now

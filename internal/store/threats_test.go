@@ -21,6 +21,7 @@ import (
 
 	"github.com/nixcage/nixcage/internal/release"
 	"github.com/nixcage/nixcage/internal/release/releasetest"
+	"github.com/nixcage/nixcage/internal/testenv"
 )
 
 // snapshot records everything under root (names, modes, link targets,
@@ -385,5 +386,38 @@ func TestNixSignedCacheAccepted(t *testing.T) {
 	s := f.open(t, filepath.Join(t.TempDir(), "root"), func(o *Options) { o.NixPublicKeys = []string{pub} })
 	if _, err := applyDir(t, s, dir); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Both xz decoders (xz(1) and the pure-Go fallback) unpack Nix's xz NARs
+// and refuse a corrupted one with the store untouched.
+func TestXZDecoders(t *testing.T) {
+	f := getFixture(t)
+	defer func() { release.ExternalXZ = true }()
+	for _, external := range []bool{true, false} {
+		t.Run(map[bool]string{true: "xz(1)", false: "pure-Go"}[external], func(t *testing.T) {
+			if external {
+				testenv.LookPath(t, "xz")
+			}
+			release.ExternalXZ = external
+			s := f.open(t, filepath.Join(t.TempDir(), "root"), nil)
+			if _, err := applyDir(t, s, f.relA); err != nil {
+				t.Fatal(err)
+			}
+			bad := f.release(t, f.relA, nil, func(m *release.Manifest) { m.Generation = 2 })
+			nf, _ := narFile(t, bad, "-tool-a")
+			b, _ := os.ReadFile(nf)
+			b[len(b)/2] ^= 0xff
+			must(t, os.WriteFile(nf, b, 0o644))
+			s2 := f.open(t, filepath.Join(t.TempDir(), "root2"), nil)
+			before := snapshot(t, s2.Root())
+			_, err := applyDir(t, s2, bad)
+			if err == nil || !strings.Contains(err.Error(), "nar of") {
+				t.Fatalf("corrupted xz: %v", err)
+			}
+			if snapshot(t, s2.Root()) != before {
+				t.Fatal("store changed")
+			}
+		})
 	}
 }

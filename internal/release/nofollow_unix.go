@@ -1,7 +1,0 @@
-//go:build unix
-
-package release
-
-import "syscall"
-
-const noFollow = syscall.O_NOFOLLOW
