@@ -16,6 +16,7 @@ import (
 	"github.com/nixcage/nixcage/internal/bus"
 	"github.com/nixcage/nixcage/internal/daemon/daemontest"
 	"github.com/nixcage/nixcage/internal/paths"
+	"github.com/nixcage/nixcage/internal/release/releasetest"
 	"github.com/nixcage/nixcage/internal/testenv"
 )
 
@@ -302,5 +303,77 @@ func TestExitCodesAsOtherUsers(t *testing.T) {
 	}
 	if a, _ := c.SD.State(paths.Instance(paths.AgentTemplate, "alpha")); a != "active" {
 		t.Errorf("a refused kill changed alpha to %s", a)
+	}
+}
+
+// Signed releases through caged: apply, events, status, generations,
+// rollback; a tampered release is refused and nothing changes.
+func TestApplyRollbackThroughCaged(t *testing.T) {
+	releasetest.RequireNix(t)
+	top1 := releasetest.Closure(t, "caged1", 32<<10)
+	top2 := releasetest.Closure(t, "caged2", 32<<10)
+	dir := t.TempDir()
+	key := filepath.Join(dir, "ops")
+	mustRun(t, "key", "generate", "--out", key)
+	rel1, rel2 := filepath.Join(dir, "rel1"), filepath.Join(dir, "rel2")
+	mustRun(t, "release", "create", top1, "--key", key+".key", "--channel", "stable", "--generation", "1", "--expires", "30d", "--out", rel1)
+	mustRun(t, "release", "create", top2, "--key", key+".key", "--channel", "stable", "--generation", "2", "--expires", "30d", "--out", rel2)
+
+	c := daemontest.Start(t, cliAgents+`
+store {
+  channel = "stable"
+  keys    = ["/etc/nixcage/ops.pub"]
+}
+`)
+	pub, _ := os.ReadFile(key + ".pub")
+	os.WriteFile(c.Path("/etc/nixcage/ops.pub"), pub, 0o644)
+	addr := c.Bus.Address
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cl := c.Client()
+	events, err := cl.Events(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := mustRun(t, "apply", rel1, "--bus", addr)
+	if !strings.Contains(out, "generation 1 (channel stable) is current") {
+		t.Fatalf("apply: %q", out)
+	}
+	for ev := range events {
+		if ev.Kind == bus.SignalReleaseApplied {
+			if ev.Data["generation"] != "1" || !strings.Contains(ev.Data["by"], "uid 0") {
+				t.Errorf("ReleaseApplied = %+v", ev)
+			}
+			break
+		}
+	}
+	mustRun(t, "apply", rel2, "--bus", addr)
+	st, err := cl.Status(ctx)
+	if err != nil || st.Generation != 2 || st.Channel != "stable" {
+		t.Fatalf("status after apply: %+v %v", st, err)
+	}
+	// The header names the generation in use.
+	if out := mustRun(t, "status", "--bus", addr); !strings.Contains(out, "store generation 2 (stable)") {
+		t.Errorf("status table:\n%s", out)
+	}
+	gens, err := cl.Generations(ctx)
+	if err != nil || len(gens) != 2 || !gens[1].Current {
+		t.Fatalf("generations = %+v %v", gens, err)
+	}
+
+	// Older generation again: refused (anti-rollback), nothing changes.
+	_, errOut, code := cagectl(t, "apply", rel1, "--bus", addr)
+	if code != ExitFailure || errOut == "" {
+		t.Errorf("re-applying generation 1: exit %d %q", code, errOut)
+	}
+	if st, _ := cl.Status(ctx); st.Generation != 2 {
+		t.Errorf("refused apply changed the generation to %d", st.Generation)
+	}
+	if out := mustRun(t, "rollback", "--bus", addr); !strings.Contains(out, "from generation 2 to 1") {
+		t.Errorf("rollback: %q", out)
+	}
+	if st, _ := cl.Status(ctx); st.Generation != 1 {
+		t.Errorf("generation after rollback: %d", st.Generation)
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"syscall"
 
 	"github.com/nixcage/nixcage/internal/auditlog"
@@ -254,6 +256,13 @@ func (d *Daemon) openStore(readOnly bool) (*store.Store, error) {
 	sc := d.config().Store
 	if sc == nil {
 		return nil, errNoStore
+	}
+	if !readOnly {
+		// The store's parent is caged's StateDirectory on a real host; make
+		// sure it exists wherever the store root was declared.
+		if err := os.MkdirAll(filepath.Dir(d.qdirs.Host(sc.Root)), 0o755); err != nil {
+			return nil, fmt.Errorf("store: %w", err)
+		}
 	}
 	keys := make([]string, len(sc.Keys))
 	for i, k := range sc.Keys {
