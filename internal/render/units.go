@@ -35,6 +35,8 @@ func (r *renderer) caged() {
 		// privileges ("+") so ReadWritePaths= below can open it up.
 		"ExecStartPre", "+/bin/mkdir -p /run/tmpfiles.d",
 		"ExecStart", quoteCmd([]string{r.bin("caged"), "--config", r.cagedConfig()}),
+		// SIGHUP: re-read the config and reconcile (cagectl reload does the same).
+		"ExecReload", "/bin/kill -HUP $MAINPID",
 		"Restart", "on-failure",
 		"RestartSec", "2",
 		"WatchdogSec", "30",
@@ -46,7 +48,9 @@ func (r *renderer) caged() {
 		"StateDirectory", "nixcage",
 		"RuntimeDirectory", "nixcage",
 		"RuntimeDirectoryPreserve", "yes",
-		"ReadWritePaths", storeRoot+" -/run/systemd/system -/run/tmpfiles.d",
+		// "-": a store root that does not exist yet must not keep caged
+		// from starting (the default one lies inside StateDirectory=).
+		"ReadWritePaths", "-"+storeRoot+" -/run/systemd/system -/run/tmpfiles.d",
 		"PrivateNetwork", "no", // fetches releases by URL
 		"RestrictAddressFamilies", "AF_UNIX AF_INET AF_INET6",
 		"IPAddressDeny", "link-local multicast",
