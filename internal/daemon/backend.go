@@ -193,6 +193,9 @@ func (d *Daemon) Quarantine(ctx context.Context, agent, reason, by string) (stri
 	d.op.Lock()
 	defer d.op.Unlock()
 	a := d.config().Agent(agent)
+	if a == nil { // removed by a reload since the call was authorized
+		return "", fmt.Errorf("%w: %q", bus.ErrNoSuchAgent, agent)
+	}
 	snap, _ := d.Agent(ctx, agent)
 	res, err := quarantine.Run(ctx, d.units, d.qdirs, quarantine.Request{
 		Agent: agent, Reason: reason, By: by, Workspace: a.Workspace, Status: snap, Log: d.log,
