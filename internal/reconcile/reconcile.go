@@ -58,6 +58,10 @@ type Result struct {
 	Restarted []string // units restarted because their bytes changed
 	Started   []string // autostart agents started
 	Skipped   []string // autostart agents left down because quarantined
+	// Shadowed are rendered units that a file of the same name under
+	// /etc/systemd/system overrides (systemd prefers /etc over /run), so
+	// caged's version is ignored: the host mixes the two modes.
+	Shadowed []string
 }
 
 // Changed reports whether the reconcile touched anything.
@@ -134,6 +138,17 @@ func (r *Reconciler) applyRender(ctx context.Context, cfg *config.Config, res *R
 	}
 	files = installable(files)
 	dir := r.host(r.Options.Prefix)
+	for _, f := range files {
+		if rest, ok := strings.CutPrefix(f.Path, "systemd/system/"); ok && !strings.Contains(rest, "/") {
+			if _, err := os.Lstat(r.host(filepath.Join("/etc/systemd/system", rest))); err == nil {
+				res.Shadowed = append(res.Shadowed, rest)
+			}
+		}
+	}
+	if len(res.Shadowed) > 0 {
+		r.log().Warn("units under /etc/systemd/system override the ones caged renders into /run; install only nixcage-caged.service there, or run caged with --units os",
+			"units", res.Shadowed)
+	}
 	old := readManifest(filepath.Join(dir, manifestFile))
 	want := map[string]bool{}
 	for _, f := range files {

@@ -286,3 +286,22 @@ func TestReconcileReportsFailures(t *testing.T) {
 		t.Errorf("error %v does not name the missing unit", err)
 	}
 }
+
+func TestReconcileReportsUnitsShadowedByEtc(t *testing.T) {
+	e := newEnv(t)
+	agentA := paths.Instance(paths.AgentTemplate, "alpha")
+	etc := filepath.Join(e.root, "etc/systemd/system")
+	if err := os.MkdirAll(etc, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(etc, agentA), []byte("[Service]\nExecStart=/bin/true\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res, err := e.reconciler().Apply(context.Background(), load(t, base))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(res.Shadowed, []string{agentA}) {
+		t.Errorf("Shadowed = %q, want [%s]", res.Shadowed, agentA)
+	}
+}
