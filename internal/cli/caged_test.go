@@ -116,6 +116,9 @@ func TestControlCommandsAndExitCodes(t *testing.T) {
 	}
 	mustRun(t, "release", "alpha", "--bus", addr)
 	mustRun(t, "start", "alpha", "--bus", addr)
+	if out := mustRun(t, "reload", "--bus", addr); !strings.Contains(out, "reloaded") {
+		t.Errorf("reload: %q", out)
+	}
 
 	// caged unreachable: exit 4, whatever the command.
 	dead := "unix:path=" + filepath.Join(t.TempDir(), "nobus")
@@ -289,6 +292,7 @@ func TestExitCodesAsOtherUsers(t *testing.T) {
 		{"viewer is refused kill", nobody, []string{"kill", "alpha"}, ExitDenied},
 		{"viewer is refused apply", nobody, []string{"apply", "/srv/release"}, ExitDenied},
 		{"stranger is refused rollback", backup, []string{"rollback"}, ExitDenied},
+		{"viewer is refused reload", nobody, []string{"reload"}, ExitDenied},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

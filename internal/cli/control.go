@@ -18,6 +18,12 @@ func init() {
 			run: func(ctx context.Context, env *Env, args []string) error { return runControl(ctx, env, name, args) }})
 	}
 	register(&command{
+		name:  "reload",
+		args:  "[--bus ADDR]",
+		short: "make caged re-read its configuration and reconcile (admin)",
+		run:   runReload,
+	})
+	register(&command{
 		name:  "quarantine",
 		args:  "AGENT --reason TEXT [--bus ADDR]",
 		short: "freeze an agent, cut its egress, keep evidence; it stays down until released",
@@ -85,5 +91,27 @@ func runQuarantine(ctx context.Context, env *Env, args []string) error {
 		return busError(fmt.Errorf("quarantine %s: %w", agents[0], err))
 	}
 	fmt.Fprintf(env.Out, "%s: quarantined, evidence in %s (verify: cd %s && sha256sum -c SHA256SUMS)\n", agents[0], ev, ev)
+	return nil
+}
+
+func runReload(ctx context.Context, env *Env, args []string) error {
+	fs := newFlags(env, "reload")
+	addr := addBusFlag(fs, env)
+	pos, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 0 {
+		return usageError("usage: cagectl reload")
+	}
+	c, err := dialCaged(ctx, *addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if err := c.Reload(ctx); err != nil {
+		return busError(fmt.Errorf("reload: %w", err))
+	}
+	fmt.Fprintln(env.Out, "caged reloaded its configuration")
 	return nil
 }

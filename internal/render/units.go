@@ -35,8 +35,9 @@ func (r *renderer) caged() {
 		// privileges ("+") so ReadWritePaths= below can open it up.
 		"ExecStartPre", "+/bin/mkdir -p /run/tmpfiles.d",
 		"ExecStart", quoteCmd([]string{r.bin("caged"), "--config", r.cagedConfig()}),
-		// SIGHUP: re-read the config and reconcile (cagectl reload does the same).
-		"ExecReload", "/bin/kill -HUP $MAINPID",
+		// Re-read the config and reconcile, synchronously, over the bus
+		// (minimal hosts have no kill(1); SIGHUP does the same).
+		"ExecReload", quoteCmd([]string{r.bin("cagectl"), "reload"}),
 		"Restart", "on-failure",
 		"RestartSec", "2",
 		"WatchdogSec", "30",
