@@ -89,11 +89,24 @@ func (d *Daemon) refreshStates(ctx context.Context, agents ...string) error {
 	if err != nil {
 		return err
 	}
+	type change struct{ agent, active, sub string }
+	var changed []change
 	d.mu.Lock()
 	for n, s := range states {
+		prev, known := d.states[n]
 		d.states[n] = s
+		if a, ok := agentOfUnit(n); ok && n == paths.Instance(paths.AgentTemplate, a) && known && (prev.Active != s.Active || prev.Sub != s.Sub) {
+			changed = append(changed, change{a, s.Active, s.Sub})
+		}
 	}
 	d.mu.Unlock()
+	// Whichever learns of a transition first, this read or systemd's
+	// signal, reports it; the cache makes the other one a no-op.
+	if d.srv != nil {
+		for _, c := range changed {
+			d.srv.Emit(bus.SignalAgentStateChanged, c.agent, c.active, c.sub)
+		}
+	}
 	return nil
 }
 

@@ -375,6 +375,7 @@ func (d *Daemon) watchUnits(ctx context.Context, updates <-chan *sdbus.Propertie
 			}
 			d.mu.Lock()
 			s := d.states[u.UnitName]
+			prev := s
 			if hasA {
 				s.Active = active
 			}
@@ -399,7 +400,9 @@ func (d *Daemon) watchUnits(ctx context.Context, updates <-chan *sdbus.Propertie
 				continue
 			}
 			d.srv.UpdateAgent(d.agentStatus(a))
-			if isAgent && (hasA || hasS) {
+			// systemd often repeats a state in a second PropertiesChanged;
+			// signal transitions only.
+			if isAgent && (s.Active != prev.Active || s.Sub != prev.Sub) {
 				d.srv.Emit(bus.SignalAgentStateChanged, agent, s.Active, s.Sub)
 			}
 		}
