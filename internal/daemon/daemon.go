@@ -189,13 +189,14 @@ func Serve(ctx context.Context, o Options) error {
 	rcancel()
 	gen, channel := d.storeCurrent()
 	d.lastGeneration = gen
+	// Set before the name is owned: calls may arrive from then on.
+	d.audit = newAuditTail(d, o.PollInterval)
 	if err := d.srv.Export(bus.ManagerProps{Version: Version, Mode: o.Units, Config: o.Config, Channel: channel, Generation: gen}); err != nil {
 		return err
 	}
 	d.publishAgents(ctx)
 	d.srv.SetManager(gen, channel, d.reconcileErrString())
 
-	d.audit = newAuditTail(d, o.PollInterval)
 	wg.Add(3)
 	go func() { defer wg.Done(); d.audit.run(ctx) }()
 	go func() { defer wg.Done(); d.watchdog(ctx) }()
