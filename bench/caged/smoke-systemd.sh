@@ -70,5 +70,17 @@ step "caged restart keeps it down"; run systemctl restart nixcage-caged
 set +e; run cagectl start alpha; [ $? -eq 1 ] || { echo "FAIL: start of quarantined agent"; exit 1; }; set -e
 step "release, start, reload"; run cagectl release alpha; run cagectl start alpha; run systemctl reload nixcage-caged
 run cagectl status
+step "reconcile: alpha's command changes, beta disappears"
+pid=$(run systemctl show -p MainPID --value nixcage-agent@alpha.service)
+sed 's|"/bin/sleep", "infinity"\]|"/bin/sleep", "86400"]|' cage.hcl | awk '/^agent "beta"/{skip=1} skip&&/^}/{skip=0;next} !skip' >cage2.hcl
+./cagectl render cage2.hcl --out render2 >/dev/null
+install -m644 render2/nixcage/nixcage.json root/etc/nixcage/nixcage.json
+run cagectl reload
+npid=$(run systemctl show -p MainPID --value nixcage-agent@alpha.service)
+[ "$pid" != "$npid" ] && [ "$npid" != 0 ] || { echo "FAIL: alpha not restarted ($pid -> $npid)"; exit 1; }
+run systemctl cat nixcage-agent@alpha.service | grep -q 86400 || { echo "FAIL: alpha runs the old unit"; exit 1; }
+run test ! -e /run/systemd/system/nixcage-agent@beta.service || { echo "FAIL: beta's unit left behind"; exit 1; }
+[ "$(run systemctl show -p ActiveState --value nixcage-agent@beta.service)" = inactive ] || { echo "FAIL: beta still runs"; exit 1; }
+run cagectl status
 step "watchdog"; run systemctl show nixcage-caged -p WatchdogUSec -p WatchdogTimestamp -p NRestarts
 echo; echo "smoke test passed"
