@@ -184,7 +184,7 @@ func TestEventsFollow(t *testing.T) {
 	pr, pw := io.Pipe()
 	done := make(chan int, 1)
 	go func() {
-		done <- Main(ctx, []string{"events", "--follow", "--bus", c.Bus.Address}, Stdio{In: strings.NewReader(""), Out: pw, Err: io.Discard})
+		done <- Main(ctx, []string{"events", "--follow", "--json", "--bus", c.Bus.Address}, Stdio{In: strings.NewReader(""), Out: pw, Err: io.Discard})
 		pw.Close()
 	}()
 	// Retry the action until the stream shows it: the subscription may not
@@ -214,8 +214,21 @@ func TestEventsFollow(t *testing.T) {
 	}
 	cancel()
 	<-done
-	if !strings.Contains(out, "AgentKilled") || !strings.Contains(out, "beta-2") || !strings.Contains(out, `by="`) {
-		t.Errorf("events:\n%s", out)
+	found := false
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		var ev struct {
+			TS, Kind, Agent string
+			Data            map[string]string
+		}
+		if err := json.Unmarshal([]byte(line), &ev); err != nil {
+			t.Fatalf("events --json line %q: %v", line, err)
+		}
+		if ev.Kind == "AgentKilled" && ev.Agent == "beta-2" && strings.Contains(ev.Data["by"], "uid 0") && ev.TS != "" {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("no AgentKilled event for beta-2 in:\n%s", out)
 	}
 }
 

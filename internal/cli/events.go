@@ -45,9 +45,11 @@ func runEvents(ctx context.Context, env *Env, args []string) error {
 		ts := time.Now().UTC().Format(time.RFC3339)
 		if *asJSON {
 			enc.Encode(struct {
-				TS string `json:"ts"`
-				any
-			}{ts, ev})
+				TS    string            `json:"ts"`
+				Kind  string            `json:"kind"`
+				Agent string            `json:"agent,omitempty"`
+				Data  map[string]string `json:"data,omitempty"`
+			}{ts, ev.Kind, ev.Agent, ev.Data})
 			continue
 		}
 		keys := make([]string, 0, len(ev.Data))
