@@ -196,7 +196,8 @@ func TestEventsFollow(t *testing.T) {
 		for {
 			n, err := pr.Read(buf)
 			b.Write(buf[:n])
-			if strings.Contains(b.String(), "AgentKilled") || err != nil {
+			i := strings.Index(b.String(), "AgentKilled")
+			if (i >= 0 && strings.Contains(b.String()[i:], "\n")) || err != nil {
 				got <- b.String()
 				io.Copy(io.Discard, pr)
 				return
