@@ -158,10 +158,22 @@ func TestAuditThroughCaged(t *testing.T) {
 		done <- Main(ctx, []string{"audit", "alpha", "-n", "0", "--follow", "--json", "--bus", c.Bus.Address}, Stdio{In: strings.NewReader(""), Out: pw, Err: io.Discard})
 		pw.Close()
 	}()
-	time.Sleep(100 * time.Millisecond) // let it read the current end; the assertion below does not depend on timing
-	af, _ := os.OpenFile(f, os.O_APPEND|os.O_WRONLY, 0)
-	af.WriteString(`{"schema":1,"agent":"alpha","host":"late.example","decision":"flagged"}` + "\n")
-	af.Close()
+	// Append until the follower shows a record: it may start reading after
+	// the first append, whose record then counts as history.
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		for {
+			af, _ := os.OpenFile(f, os.O_APPEND|os.O_WRONLY, 0)
+			af.WriteString(`{"schema":1,"agent":"alpha","host":"late.example","decision":"flagged"}` + "\n")
+			af.Close()
+			select {
+			case <-stop:
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}()
 	buf := make([]byte, 4096)
 	var got strings.Builder
 	for !strings.Contains(got.String(), "late.example") {
