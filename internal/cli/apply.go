@@ -2,9 +2,12 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nixcage/nixcage/internal/release"
@@ -34,6 +37,7 @@ func runApply(ctx context.Context, env *Env, args []string) error {
 	fl := newFlags(env, "apply")
 	sf := addStoreFlags(fl, true)
 	verbose := fl.Bool("v", false, "print how long each step took")
+	addr := addBusFlag(fl, env)
 	pos, err := parseFlags(fl, args)
 	if err != nil {
 		return err
@@ -42,7 +46,7 @@ func runApply(ctx context.Context, env *Env, args []string) error {
 		return usageError("usage: cagectl apply DIR|URL --offline --store ROOT --channel C --key PUB")
 	}
 	if !sf.offline {
-		return errNoBus("apply")
+		return applyViaCaged(ctx, env, *addr, pos[0])
 	}
 	if sf.channel == "" || len(sf.keys) == 0 {
 		return usageError("apply --offline needs --channel and at least one --key (the store.channel and store.keys settings)")
@@ -85,6 +89,7 @@ func runApply(ctx context.Context, env *Env, args []string) error {
 func runRollback(ctx context.Context, env *Env, args []string) error {
 	fl := newFlags(env, "rollback")
 	sf := addStoreFlags(fl, true)
+	addr := addBusFlag(fl, env)
 	to := fl.Uint64("to", 0, "generation to switch to (default: the newest older one)")
 	pos, err := parseFlags(fl, args)
 	if err != nil {
@@ -94,7 +99,7 @@ func runRollback(ctx context.Context, env *Env, args []string) error {
 		return usageError("usage: cagectl rollback [--to N] --offline --store ROOT")
 	}
 	if !sf.offline {
-		return errNoBus("rollback")
+		return rollbackViaCaged(ctx, env, *addr, *to)
 	}
 	opts := sf.options()
 	opts.Logger = logger(env)
@@ -109,4 +114,53 @@ func runRollback(ctx context.Context, env *Env, args []string) error {
 	h, _ := s.Highest()
 	fmt.Fprintf(env.Out, "rolled back from generation %d to %d; new releases must still be above generation %s\n", from, n, strconv.FormatUint(h, 10))
 	return nil
+}
+
+// applyViaCaged asks caged to apply; it checks the caller is an admin.
+func applyViaCaged(ctx context.Context, env *Env, addr, src string) error {
+	if !strings.Contains(src, "://") {
+		abs, err := filepath.Abs(src)
+		if err != nil {
+			return failure(err)
+		}
+		src = abs
+		if strings.HasPrefix(src, "/tmp/") || strings.HasPrefix(src, "/var/tmp/") {
+			fmt.Fprintf(env.Err, "cagectl: note: caged runs with PrivateTmp=yes and cannot see %s; put releases elsewhere (e.g. /var/lib/nixcage/incoming) or serve them over HTTP(S)\n", src)
+		}
+	}
+	c, err := dialCaged(ctx, addr)
+	if err != nil {
+		return noCaged("apply", err)
+	}
+	defer c.Close()
+	res, err := c.Apply(ctx, src)
+	if err != nil {
+		return noCaged("apply", busError(err))
+	}
+	fmt.Fprintf(env.Out, "generation %d (channel %s) is current, was %d: %s; %d paths added (%s), %d reused\n",
+		res.Generation, res.Channel, res.Previous, res.Top, res.Added, mib(res.Bytes), res.Reused)
+	return nil
+}
+
+func rollbackViaCaged(ctx context.Context, env *Env, addr string, to uint64) error {
+	c, err := dialCaged(ctx, addr)
+	if err != nil {
+		return noCaged("rollback", err)
+	}
+	defer c.Close()
+	from, now, err := c.Rollback(ctx, to)
+	if err != nil {
+		return noCaged("rollback", busError(err))
+	}
+	fmt.Fprintf(env.Out, "rolled back from generation %d to %d\n", from, now)
+	return nil
+}
+
+// noCaged adds the offline alternative to "caged is not reachable".
+func noCaged(cmd string, err error) error {
+	var ee *ExitError
+	if errors.As(err, &ee) && ee.Code == ExitNoConn {
+		return &ExitError{Code: ExitNoConn, Err: fmt.Errorf("%w; as root, `cagectl %s --offline --store ROOT ...` acts on the store directly", ee.Err, cmd)}
+	}
+	return err
 }

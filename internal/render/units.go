@@ -29,7 +29,15 @@ func (r *renderer) caged() {
 	svc := sec("Service",
 		"Type", "dbus",
 		"BusName", paths.BusName,
+		// In --units render mode caged installs tmpfiles rules for podman
+		// cages under /run/tmpfiles.d, which may not exist yet and is not
+		// writable under ProtectSystem=strict; create it with full
+		// privileges ("+") so ReadWritePaths= below can open it up.
+		"ExecStartPre", "+/bin/mkdir -p /run/tmpfiles.d",
 		"ExecStart", quoteCmd([]string{r.bin("caged"), "--config", r.cagedConfig()}),
+		// Re-read the config and reconcile, synchronously, over the bus
+		// (minimal hosts have no kill(1); SIGHUP does the same).
+		"ExecReload", quoteCmd([]string{r.bin("cagectl"), "reload"}),
 		"Restart", "on-failure",
 		"RestartSec", "2",
 		"WatchdogSec", "30",
@@ -41,7 +49,9 @@ func (r *renderer) caged() {
 		"StateDirectory", "nixcage",
 		"RuntimeDirectory", "nixcage",
 		"RuntimeDirectoryPreserve", "yes",
-		"ReadWritePaths", storeRoot+" -/run/systemd/system",
+		// "-": a store root that does not exist yet must not keep caged
+		// from starting (the default one lies inside StateDirectory=).
+		"ReadWritePaths", "-"+storeRoot+" -/run/systemd/system -/run/tmpfiles.d",
 		"PrivateNetwork", "no", // fetches releases by URL
 		"RestrictAddressFamilies", "AF_UNIX AF_INET AF_INET6",
 		"IPAddressDeny", "link-local multicast",

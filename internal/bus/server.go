@@ -1,0 +1,556 @@
+package bus
+
+import (
+	"context"
+	"encoding/xml"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/godbus/dbus/v5"
+	"github.com/godbus/dbus/v5/introspect"
+	"github.com/godbus/dbus/v5/prop"
+
+	"github.com/nixcage/nixcage/internal/config"
+	"github.com/nixcage/nixcage/internal/paths"
+)
+
+// Backend is what the server exposes; caged's daemon implements it. Methods
+// are called only after authorization. by names the caller for the logs.
+type Backend interface {
+	Status(ctx context.Context) (*Status, error)
+	Agent(ctx context.Context, name string) (*AgentStatus, error)
+	Start(ctx context.Context, agent, by string) error
+	Stop(ctx context.Context, agent, by string) error
+	Restart(ctx context.Context, agent, by string) error
+	Kill(ctx context.Context, agent, by string) error
+	Quarantine(ctx context.Context, agent, reason, by string) (evidence string, err error)
+	Release(ctx context.Context, agent, by string) error
+	Apply(ctx context.Context, source, by string) (*ApplyResult, error)
+	Rollback(ctx context.Context, to uint64, by string) (from, now uint64, err error)
+	Generations(ctx context.Context) ([]Generation, error)
+	Reload(ctx context.Context, by string) error
+	// ReadAudit returns complete JSONL records from byte offset on (at
+	// most max of them) and the offset to continue from.
+	ReadAudit(ctx context.Context, agent string, offset int64, max uint32) ([]string, int64, error)
+	// Accounts are the declared accounts, for authorization.
+	Accounts() []*config.Account
+	// HasAgent reports whether agent is declared.
+	HasAgent(agent string) bool
+}
+
+// Backend errors the server maps to D-Bus error names.
+var (
+	ErrInvalid       = errors.New("invalid argument")
+	ErrIsQuarantined = errors.New("agent is quarantined")
+)
+
+// ServerOptions tune a Server.
+type ServerOptions struct {
+	Users UserDB // default SystemUsers
+	Log   *slog.Logger
+}
+
+// Server serves org.nixcage.cage1 on a connection.
+type Server struct {
+	conn  *dbus.Conn
+	be    Backend
+	users UserDB
+	log   *slog.Logger
+
+	mu       sync.Mutex
+	uids     map[string]uint32 // unique bus name -> uid; names are never reused
+	agents   map[string]*agentObject
+	mgrProps *prop.Properties
+}
+
+// NewServer prepares a server; Export publishes it.
+func NewServer(conn *dbus.Conn, be Backend, o ServerOptions) *Server {
+	if o.Users == nil {
+		o.Users = SystemUsers{}
+	}
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	return &Server{conn: conn, be: be, users: o.Users, log: o.Log, uids: map[string]uint32{}, agents: map[string]*agentObject{}}
+}
+
+// ManagerProps are the Manager's initial property values.
+type ManagerProps struct {
+	Version, Mode, Config, Channel string
+	Generation                     uint64
+}
+
+// Export publishes the Manager object, the intermediate nodes that make
+// `busctl tree` work, and then requests the bus name. It fails if the name
+// is owned already (another caged) or the bus policy forbids owning it.
+func (s *Server) Export(mp ManagerProps) error {
+	props, err := prop.Export(s.conn, Path, prop.Map{ManagerIface: {
+		"Version":        {Value: mp.Version, Emit: prop.EmitConst},
+		"Mode":           {Value: mp.Mode, Emit: prop.EmitConst},
+		"ConfigPath":     {Value: mp.Config, Emit: prop.EmitConst},
+		"Generation":     {Value: mp.Generation, Emit: prop.EmitTrue},
+		"Channel":        {Value: mp.Channel, Emit: prop.EmitTrue},
+		"Agents":         {Value: []dbus.ObjectPath{}, Emit: prop.EmitTrue},
+		"ReconcileError": {Value: "", Emit: prop.EmitTrue},
+	}})
+	if err != nil {
+		return fmt.Errorf("export properties: %w", err)
+	}
+	s.mgrProps = props
+	if err := s.conn.Export(&manager{s}, Path, ManagerIface); err != nil {
+		return fmt.Errorf("export manager: %w", err)
+	}
+	for _, p := range []string{"/", "/org", "/org/nixcage", paths.BusPath, paths.AgentPath} {
+		p := p
+		if err := s.conn.Export(introspector(func() string { return s.introspect(p) }), dbus.ObjectPath(p), "org.freedesktop.DBus.Introspectable"); err != nil {
+			return fmt.Errorf("export introspection: %w", err)
+		}
+	}
+	reply, err := s.conn.RequestName(Name, dbus.NameFlagDoNotQueue)
+	if err != nil {
+		return fmt.Errorf("request bus name %s: %w (only root may own it; is the D-Bus policy installed?)", Name, err)
+	}
+	if reply != dbus.RequestNameReplyPrimaryOwner {
+		return fmt.Errorf("bus name %s is owned by another process (is caged already running?)", Name)
+	}
+	return nil
+}
+
+// SetManager updates the Manager's changing properties, emitting
+// PropertiesChanged for those that differ.
+func (s *Server) SetManager(generation uint64, channel, reconcileErr string) {
+	setIfChanged(s.mgrProps, ManagerIface, "Generation", generation)
+	setIfChanged(s.mgrProps, ManagerIface, "Channel", channel)
+	setIfChanged(s.mgrProps, ManagerIface, "ReconcileError", reconcileErr)
+}
+
+func setIfChanged(p *prop.Properties, iface, name string, v any) {
+	if p == nil {
+		return
+	}
+	if cur, err := p.Get(iface, name); err == nil && fmt.Sprint(cur.Value()) == fmt.Sprint(v) {
+		return
+	}
+	p.SetMust(iface, name, v)
+}
+
+// SetAgents exports an object for every agent in sts and removes objects of
+// agents no longer declared. Existing objects get their properties updated.
+func (s *Server) SetAgents(sts []AgentStatus) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	keep := map[string]bool{}
+	for i := range sts {
+		st := sts[i]
+		keep[st.Name] = true
+		if o, ok := s.agents[st.Name]; ok {
+			o.update(st)
+			continue
+		}
+		o := &agentObject{s: s, name: st.Name}
+		path := AgentPath(st.Name)
+		props, err := prop.Export(s.conn, path, prop.Map{AgentIface: agentProps(st)})
+		if err != nil {
+			return fmt.Errorf("export agent %s: %w", st.Name, err)
+		}
+		o.props = props
+		if err := s.conn.Export(o, path, AgentIface); err != nil {
+			return fmt.Errorf("export agent %s: %w", st.Name, err)
+		}
+		if err := s.conn.Export(introspector(func() string { return s.introspect(string(path)) }), path, "org.freedesktop.DBus.Introspectable"); err != nil {
+			return fmt.Errorf("export agent %s: %w", st.Name, err)
+		}
+		s.agents[st.Name] = o
+	}
+	for name := range s.agents {
+		if keep[name] {
+			continue
+		}
+		path := AgentPath(name)
+		for _, iface := range []string{AgentIface, "org.freedesktop.DBus.Properties", "org.freedesktop.DBus.Introspectable"} {
+			s.conn.Export(nil, path, iface)
+		}
+		delete(s.agents, name)
+	}
+	names := make([]string, 0, len(s.agents))
+	for n := range s.agents {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	objs := make([]dbus.ObjectPath, len(names))
+	for i, n := range names {
+		objs[i] = AgentPath(n)
+	}
+	if s.mgrProps != nil {
+		cur, _ := s.mgrProps.Get(ManagerIface, "Agents")
+		if fmt.Sprint(cur.Value()) != fmt.Sprint(objs) {
+			s.mgrProps.SetMust(ManagerIface, "Agents", objs)
+		}
+	}
+	return nil
+}
+
+// UpdateAgent refreshes one agent's properties.
+func (s *Server) UpdateAgent(st AgentStatus) {
+	s.mu.Lock()
+	o := s.agents[st.Name]
+	s.mu.Unlock()
+	if o != nil {
+		o.update(st)
+	}
+}
+
+// Emit sends a Manager signal.
+func (s *Server) Emit(signal string, args ...any) {
+	if err := s.conn.Emit(Path, ManagerIface+"."+signal, args...); err != nil {
+		s.log.Warn("emit signal", "signal", signal, "err", err)
+	}
+}
+
+func agentProps(st AgentStatus) map[string]*prop.Prop {
+	v := agentValues(st)
+	m := make(map[string]*prop.Prop, len(v))
+	for k, x := range v {
+		emit := prop.EmitTrue
+		if k == "Name" || k == "Backend" || k == "Unit" {
+			emit = prop.EmitConst
+		}
+		m[k] = &prop.Prop{Value: x, Emit: emit}
+	}
+	return m
+}
+
+func agentValues(st AgentStatus) map[string]any {
+	return map[string]any{
+		"Name": st.Name, "Backend": st.Backend, "Unit": st.Unit,
+		"LoadState": st.LoadState, "ActiveState": st.ActiveState, "SubState": st.SubState,
+		"EgressState": st.EgressState, "Autostart": st.Autostart,
+		"Quarantined": st.Quarantined, "QuarantineReason": st.QuarantineReason, "Generation": st.Generation,
+		"EgressAllowed": st.Allowed, "EgressFlagged": st.Flagged, "EgressBlocked": st.Blocked,
+	}
+}
+
+// caller resolves the identity behind a unique bus name.
+func (s *Server) caller(sender dbus.Sender) (Identity, error) {
+	s.mu.Lock()
+	uid, ok := s.uids[string(sender)]
+	s.mu.Unlock()
+	if !ok {
+		if err := s.conn.BusObject().Call("org.freedesktop.DBus.GetConnectionUnixUser", 0, string(sender)).Store(&uid); err != nil {
+			return Identity{}, fmt.Errorf("cannot identify caller %s: %w", sender, err)
+		}
+		s.mu.Lock()
+		if len(s.uids) > 4096 {
+			s.uids = map[string]uint32{}
+		}
+		s.uids[string(sender)] = uid
+		s.mu.Unlock()
+	}
+	return s.users.Lookup(uid), nil
+}
+
+// authorize checks a call and logs refusals.
+func (s *Server) authorize(sender dbus.Sender, act Action, agent, method string) (Identity, *dbus.Error) {
+	id, err := s.caller(sender)
+	if err != nil {
+		s.log.Warn("refused call", "method", method, "sender", string(sender), "err", err)
+		return id, newError(ErrorAccessDenied, "%v", err)
+	}
+	if agent != "" && !s.be.HasAgent(agent) {
+		return id, newError(ErrorNoSuchAgent, "no agent named %q is declared (cagectl status lists them)", agent)
+	}
+	if err := Authorize(s.be.Accounts(), id, act, agent); err != nil {
+		s.log.Warn("refused call", "method", method, "uid", id.UID, "user", id.User, "agent", agent, "err", err)
+		return id, newError(ErrorAccessDenied, "%v", err)
+	}
+	return id, nil
+}
+
+// fail maps a backend error to a D-Bus error.
+func fail(err error) *dbus.Error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, ErrNoSuchAgent):
+		return newError(ErrorNoSuchAgent, "%v", err)
+	case errors.Is(err, ErrInvalid):
+		return newError(ErrorInvalid, "%v", err)
+	case errors.Is(err, ErrIsQuarantined):
+		return newError(ErrorQuarantined, "%v", err)
+	}
+	return newError(ErrorFailed, "%v", err)
+}
+
+// manager carries exactly the Manager's D-Bus methods.
+type manager struct{ s *Server }
+
+func (m *manager) GetStatus() (Status, *dbus.Error) {
+	st, err := m.s.be.Status(context.Background())
+	if err != nil {
+		return Status{}, fail(err)
+	}
+	return *st, nil
+}
+
+func (m *manager) ListAgents() ([]AgentStatus, *dbus.Error) {
+	st, err := m.s.be.Status(context.Background())
+	if err != nil {
+		return nil, fail(err)
+	}
+	return st.Agents, nil
+}
+
+func (m *manager) GetAgent(name string) (dbus.ObjectPath, *dbus.Error) {
+	if !m.s.be.HasAgent(name) {
+		return "", newError(ErrorNoSuchAgent, "no agent named %q is declared", name)
+	}
+	return AgentPath(name), nil
+}
+
+func (m *manager) control(sender dbus.Sender, method, agent string, f func(ctx context.Context, agent, by string) error) *dbus.Error {
+	id, derr := m.s.authorize(sender, ActOperate, agent, method)
+	if derr != nil {
+		return derr
+	}
+	return fail(f(context.Background(), agent, id.String()))
+}
+
+func (m *manager) StartAgent(sender dbus.Sender, name string) *dbus.Error {
+	return m.control(sender, "StartAgent", name, m.s.be.Start)
+}
+
+func (m *manager) StopAgent(sender dbus.Sender, name string) *dbus.Error {
+	return m.control(sender, "StopAgent", name, m.s.be.Stop)
+}
+
+func (m *manager) RestartAgent(sender dbus.Sender, name string) *dbus.Error {
+	return m.control(sender, "RestartAgent", name, m.s.be.Restart)
+}
+
+func (m *manager) KillAgent(sender dbus.Sender, name string) *dbus.Error {
+	return m.control(sender, "KillAgent", name, m.s.be.Kill)
+}
+
+func (m *manager) QuarantineAgent(sender dbus.Sender, name, reason string) (string, *dbus.Error) {
+	id, derr := m.s.authorize(sender, ActOperate, name, "QuarantineAgent")
+	if derr != nil {
+		return "", derr
+	}
+	if strings.TrimSpace(reason) == "" {
+		return "", newError(ErrorInvalid, "quarantine needs a reason (it is recorded with the evidence)")
+	}
+	ev, err := m.s.be.Quarantine(context.Background(), name, reason, id.String())
+	return ev, fail(err)
+}
+
+func (m *manager) ReleaseAgent(sender dbus.Sender, name string) *dbus.Error {
+	return m.control(sender, "ReleaseAgent", name, m.s.be.Release)
+}
+
+func (m *manager) ReadAudit(sender dbus.Sender, name string, offset int64, max uint32) ([]string, int64, *dbus.Error) {
+	if _, derr := m.s.authorize(sender, ActView, name, "ReadAudit"); derr != nil {
+		return nil, 0, derr
+	}
+	lines, next, err := m.s.be.ReadAudit(context.Background(), name, offset, max)
+	if lines == nil {
+		lines = []string{}
+	}
+	return lines, next, fail(err)
+}
+
+func (m *manager) Apply(sender dbus.Sender, source string) (ApplyResult, *dbus.Error) {
+	id, derr := m.s.authorize(sender, ActAdmin, "", "Apply")
+	if derr != nil {
+		return ApplyResult{}, derr
+	}
+	res, err := m.s.be.Apply(context.Background(), source, id.String())
+	if err != nil {
+		return ApplyResult{}, fail(err)
+	}
+	return *res, nil
+}
+
+func (m *manager) Rollback(sender dbus.Sender, to uint64) (uint64, uint64, *dbus.Error) {
+	id, derr := m.s.authorize(sender, ActAdmin, "", "Rollback")
+	if derr != nil {
+		return 0, 0, derr
+	}
+	from, now, err := m.s.be.Rollback(context.Background(), to, id.String())
+	return from, now, fail(err)
+}
+
+func (m *manager) ListGenerations() ([]Generation, *dbus.Error) {
+	gens, err := m.s.be.Generations(context.Background())
+	if gens == nil {
+		gens = []Generation{}
+	}
+	return gens, fail(err)
+}
+
+func (m *manager) Reload(sender dbus.Sender) *dbus.Error {
+	id, derr := m.s.authorize(sender, ActAdmin, "", "Reload")
+	if derr != nil {
+		return derr
+	}
+	return fail(m.s.be.Reload(context.Background(), id.String()))
+}
+
+// agentObject carries exactly the Agent interface's D-Bus methods.
+type agentObject struct {
+	s     *Server
+	name  string
+	props *prop.Properties
+	mu    sync.Mutex
+}
+
+func (o *agentObject) update(st AgentStatus) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for k, v := range agentValues(st) {
+		if k == "Name" || k == "Backend" || k == "Unit" {
+			continue
+		}
+		setIfChanged(o.props, AgentIface, k, v)
+	}
+}
+
+func (o *agentObject) Start(sender dbus.Sender) *dbus.Error {
+	return (&manager{o.s}).StartAgent(sender, o.name)
+}
+
+func (o *agentObject) Stop(sender dbus.Sender) *dbus.Error {
+	return (&manager{o.s}).StopAgent(sender, o.name)
+}
+
+func (o *agentObject) Restart(sender dbus.Sender) *dbus.Error {
+	return (&manager{o.s}).RestartAgent(sender, o.name)
+}
+
+func (o *agentObject) Kill(sender dbus.Sender) *dbus.Error {
+	return (&manager{o.s}).KillAgent(sender, o.name)
+}
+
+func (o *agentObject) Quarantine(sender dbus.Sender, reason string) (string, *dbus.Error) {
+	return (&manager{o.s}).QuarantineAgent(sender, o.name, reason)
+}
+
+func (o *agentObject) Release(sender dbus.Sender) *dbus.Error {
+	return (&manager{o.s}).ReleaseAgent(sender, o.name)
+}
+
+func (o *agentObject) ReadAudit(sender dbus.Sender, offset int64, max uint32) ([]string, int64, *dbus.Error) {
+	return (&manager{o.s}).ReadAudit(sender, o.name, offset, max)
+}
+
+// introspector serves org.freedesktop.DBus.Introspectable from a function,
+// so child nodes follow the agents as they come and go.
+type introspector func() string
+
+func (f introspector) Introspect() (string, *dbus.Error) { return f(), nil }
+
+// Argument names for introspection; signatures come from the Go methods
+// themselves (introspect.Methods), so they cannot drift.
+var argNames = map[string][]string{
+	"GetStatus":       {"status"},
+	"ListAgents":      {"agents"},
+	"GetAgent":        {"name", "agent"},
+	"StartAgent":      {"name"},
+	"StopAgent":       {"name"},
+	"RestartAgent":    {"name"},
+	"KillAgent":       {"name"},
+	"QuarantineAgent": {"name", "reason", "evidence"},
+	"ReleaseAgent":    {"name"},
+	"ReadAudit":       {"name", "offset", "max", "records", "next_offset"},
+	"Apply":           {"source", "result"},
+	"Rollback":        {"to", "from", "now"},
+	"ListGenerations": {"generations"},
+	"Quarantine":      {"reason", "evidence"},
+}
+
+func methods(v any, agentScoped bool) []introspect.Method {
+	ms := introspect.Methods(v)
+	for i := range ms {
+		names := argNames[ms[i].Name]
+		if agentScoped && ms[i].Name == "ReadAudit" {
+			names = names[1:]
+		}
+		for j := range ms[i].Args {
+			if j < len(names) {
+				ms[i].Args[j].Name = names[j]
+			}
+		}
+	}
+	return ms
+}
+
+var managerSignals = []introspect.Signal{
+	{Name: SignalAgentStateChanged, Args: []introspect.Arg{{Name: "agent", Type: "s"}, {Name: "active_state", Type: "s"}, {Name: "sub_state", Type: "s"}}},
+	{Name: SignalEgressDecision, Args: []introspect.Arg{{Name: "agent", Type: "s"}, {Name: "decision", Type: "s"}, {Name: "host", Type: "s"}, {Name: "reason", Type: "s"}, {Name: "record", Type: "s"}}},
+	{Name: SignalReleaseApplied, Args: []introspect.Arg{{Name: "generation", Type: "t"}, {Name: "previous", Type: "t"}, {Name: "by", Type: "s"}}},
+	{Name: SignalAgentQuarantined, Args: []introspect.Arg{{Name: "agent", Type: "s"}, {Name: "reason", Type: "s"}, {Name: "evidence", Type: "s"}, {Name: "by", Type: "s"}}},
+	{Name: SignalAgentReleased, Args: []introspect.Arg{{Name: "agent", Type: "s"}, {Name: "by", Type: "s"}}},
+	{Name: SignalAgentKilled, Args: []introspect.Arg{{Name: "agent", Type: "s"}, {Name: "by", Type: "s"}}},
+	{Name: SignalReconciled, Args: []introspect.Arg{{Name: "error", Type: "s"}}},
+}
+
+func (s *Server) introspect(path string) string {
+	n := &introspect.Node{}
+	child := func(names ...string) {
+		for _, c := range names {
+			n.Children = append(n.Children, introspect.Node{Name: c})
+		}
+	}
+	switch {
+	case path == "/":
+		child("org")
+	case path == "/org":
+		child("nixcage")
+	case path == "/org/nixcage":
+		child("cage1")
+	case path == paths.BusPath:
+		child("agent")
+		n.Interfaces = append(n.Interfaces, introspect.Interface{
+			Name: ManagerIface, Methods: methods(&manager{}, false), Signals: managerSignals,
+			Properties: s.mgrProps.Introspection(ManagerIface),
+		}, prop.IntrospectData)
+	case path == paths.AgentPath:
+		s.mu.Lock()
+		names := make([]string, 0, len(s.agents))
+		for name := range s.agents {
+			names = append(names, strings.TrimPrefix(string(AgentPath(name)), paths.AgentPath+"/"))
+		}
+		s.mu.Unlock()
+		sort.Strings(names)
+		child(names...)
+	default:
+		s.mu.Lock()
+		var o *agentObject
+		for name, a := range s.agents {
+			if string(AgentPath(name)) == path {
+				o = a
+			}
+		}
+		s.mu.Unlock()
+		if o != nil {
+			n.Interfaces = append(n.Interfaces, introspect.Interface{
+				Name: AgentIface, Methods: methods(&agentObject{}, true),
+				Properties: o.props.Introspection(AgentIface),
+			}, prop.IntrospectData)
+		}
+	}
+	n.Interfaces = append(n.Interfaces, introspect.IntrospectData, introspect.PeerData)
+	for i := range n.Interfaces {
+		sort.Slice(n.Interfaces[i].Properties, func(a, b int) bool {
+			return n.Interfaces[i].Properties[a].Name < n.Interfaces[i].Properties[b].Name
+		})
+	}
+	b, err := xml.MarshalIndent(n, "", "  ")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(introspect.IntrospectDeclarationString) + "\n" + string(b) + "\n"
+}

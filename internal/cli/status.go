@@ -1,0 +1,132 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nixcage/nixcage/internal/bus"
+)
+
+func init() {
+	register(&command{
+		name:  "status",
+		args:  "[AGENT...] [--json] [--bus ADDR]",
+		short: "show caged and every agent (readable by every local user)",
+		run:   runStatus,
+	})
+}
+
+func runStatus(ctx context.Context, env *Env, args []string) error {
+	fs := newFlags(env, "status")
+	addr := addBusFlag(fs, env)
+	asJSON := fs.Bool("json", false, "print JSON (stable field names, for scripts)")
+	names := fs.Bool("names", false, "print only agent names, one per line (for shell completion)")
+	agents, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	for _, a := range agents {
+		if err := checkAgent(a); err != nil {
+			return err
+		}
+	}
+	c, err := dialCaged(ctx, *addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	st, err := c.Status(ctx)
+	if err != nil {
+		return busError(err)
+	}
+	if len(agents) > 0 {
+		var keep []bus.AgentStatus
+		for _, want := range agents {
+			found := false
+			for _, a := range st.Agents {
+				if a.Name == want {
+					keep, found = append(keep, a), true
+				}
+			}
+			if !found {
+				return &ExitError{Code: ExitFailure, Err: fmt.Errorf("no agent named %q is declared", want)}
+			}
+		}
+		st.Agents = keep
+	}
+	if st.Agents == nil {
+		st.Agents = []bus.AgentStatus{}
+	}
+	switch {
+	case *names:
+		for _, a := range st.Agents {
+			fmt.Fprintln(env.Out, a.Name)
+		}
+		return nil
+	case *asJSON:
+		enc := json.NewEncoder(env.Out)
+		enc.SetIndent("", "  ")
+		return enc.Encode(st)
+	}
+	printStatus(env, st)
+	return nil
+}
+
+func printStatus(env *Env, st *bus.Status) {
+	gen := "none"
+	if st.Generation != 0 {
+		gen = fmt.Sprintf("%d (%s)", st.Generation, st.Channel)
+	}
+	fmt.Fprintf(env.Out, "caged %s, units %s, store generation %s, up since %s\n", st.Version, st.Mode, gen,
+		time.Unix(st.StartedUnix, 0).UTC().Format(time.RFC3339))
+	if st.ReconcileError != "" {
+		fmt.Fprintf(env.Out, "last reconcile FAILED: %s\n", st.ReconcileError)
+	}
+	if len(st.Agents) == 0 {
+		fmt.Fprintln(env.Out, "no agents declared")
+		return
+	}
+	fmt.Fprintln(env.Out)
+	tw := tabwriter.NewWriter(env.Out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "AGENT\tBACKEND\tSTATE\tEGRESS\tGEN\tALLOWED\tFLAGGED\tBLOCKED\tNOTE")
+	for _, a := range st.Agents {
+		state := a.ActiveState + "/" + a.SubState
+		if a.LoadState != "" && a.LoadState != "loaded" {
+			state = a.LoadState
+		}
+		g := "-"
+		if a.Generation != 0 {
+			g = fmt.Sprint(a.Generation)
+			if st.Generation != 0 && a.Generation != st.Generation {
+				g += "*"
+			}
+		}
+		var note []string
+		if a.Quarantined {
+			note = append(note, "QUARANTINED: "+a.QuarantineReason)
+		}
+		if !a.Autostart {
+			note = append(note, "manual start")
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\n", a.Name, a.Backend, state, orDash(a.EgressState), g,
+			a.Allowed, a.Flagged, a.Blocked, strings.Join(note, "; "))
+	}
+	tw.Flush()
+	for _, a := range st.Agents {
+		if a.Generation != 0 && st.Generation != 0 && a.Generation != st.Generation {
+			fmt.Fprintln(env.Out, "\n* runs an older store generation; restart the agent to use the current one")
+			break
+		}
+	}
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

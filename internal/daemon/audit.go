@@ -1,0 +1,136 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/nixcage/nixcage/internal/auditlog"
+	"github.com/nixcage/nixcage/internal/bus"
+)
+
+// auditTail follows every agent's gateway audit log: it counts decisions
+// since caged started and signals the ones worth attention (flagged,
+// blocked). It only reads; the gateway owns the files.
+type auditTail struct {
+	d        *Daemon
+	interval time.Duration
+
+	mu    sync.Mutex
+	files map[string]*tailState
+}
+
+type tailState struct {
+	offset                    int64
+	allowed, flagged, blocked uint64
+}
+
+// maxSignalsPerPoll bounds the signals one agent can cause per poll, so a
+// cage hammering blocked hosts cannot flood the bus; counters stay exact.
+const maxSignalsPerPoll = 20
+
+func newAuditTail(d *Daemon, interval time.Duration) *auditTail {
+	t := &auditTail{d: d, interval: interval, files: map[string]*tailState{}}
+	// Counters start now: existing records are history, not events.
+	for _, a := range d.config().Agents {
+		st := &tailState{}
+		if fi, err := os.Stat(d.qdirs.AuditFile(a.Name)); err == nil {
+			st.offset = fi.Size()
+		}
+		t.files[a.Name] = st
+	}
+	return t
+}
+
+func (t *auditTail) counts(agent string) (allowed, flagged, blocked uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if st := t.files[agent]; st != nil {
+		return st.allowed, st.flagged, st.blocked
+	}
+	return 0, 0, 0
+}
+
+func (t *auditTail) run(ctx context.Context) {
+	tk := time.NewTicker(t.interval)
+	defer tk.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tk.C:
+			t.poll()
+		}
+	}
+}
+
+// record is the part of a gateway audit record caged reads.
+type record struct {
+	Decision string `json:"decision"`
+	Host     string `json:"host"`
+	Reason   string `json:"reason"`
+}
+
+func (t *auditTail) poll() {
+	for _, a := range t.d.config().Agents {
+		t.mu.Lock()
+		st := t.files[a.Name]
+		if st == nil {
+			st = &tailState{}
+			t.files[a.Name] = st
+		}
+		offset := st.offset
+		t.mu.Unlock()
+		// A stat per agent and poll; the file is opened only when it grew
+		// (or shrank: rotated).
+		fi, err := os.Stat(t.d.qdirs.AuditFile(a.Name))
+		if err != nil || fi.Size() == offset {
+			continue
+		}
+		lines, next, err := auditlog.Read(t.d.qdirs.AuditFile(a.Name), offset, 10000)
+		if err != nil || next == offset {
+			continue
+		}
+		var allowed, flagged, blocked uint64
+		var notable []struct {
+			rec  record
+			line string
+		}
+		for _, l := range lines {
+			var r record
+			if json.Unmarshal([]byte(l), &r) != nil {
+				continue
+			}
+			switch r.Decision {
+			case "allowed":
+				allowed++
+			case "flagged":
+				flagged++
+			case "blocked":
+				blocked++
+			default:
+				continue
+			}
+			if r.Decision != "allowed" && len(notable) < maxSignalsPerPoll {
+				notable = append(notable, struct {
+					rec  record
+					line string
+				}{r, l})
+			}
+		}
+		t.mu.Lock()
+		st.offset = next
+		st.allowed += allowed
+		st.flagged += flagged
+		st.blocked += blocked
+		t.mu.Unlock()
+		for _, n := range notable {
+			t.d.srv.Emit(bus.SignalEgressDecision, a.Name, n.rec.Decision, n.rec.Host, n.rec.Reason, n.line)
+		}
+		if allowed+flagged+blocked > 0 {
+			t.d.refresh(context.Background(), a.Name)
+		}
+	}
+}

@@ -1,0 +1,371 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	"github.com/nixcage/nixcage/internal/auditlog"
+	"github.com/nixcage/nixcage/internal/bus"
+	"github.com/nixcage/nixcage/internal/config"
+	"github.com/nixcage/nixcage/internal/paths"
+	"github.com/nixcage/nixcage/internal/quarantine"
+	"github.com/nixcage/nixcage/internal/release"
+	"github.com/nixcage/nixcage/internal/store"
+)
+
+var _ bus.Backend = (*Daemon)(nil)
+
+// Accounts implements bus.Backend.
+func (d *Daemon) Accounts() []*config.Account { return d.config().Accounts }
+
+// HasAgent implements bus.Backend.
+func (d *Daemon) HasAgent(agent string) bool { return d.config().Agent(agent) != nil }
+
+// Status answers from caged's cache of unit states (kept current by
+// systemd's PropertiesChanged signals and refreshed after every operation
+// and every stateRefresh), so reading status costs no call to systemd.
+func (d *Daemon) Status(ctx context.Context) (*bus.Status, error) {
+	cfg := d.config()
+	gen, channel := d.storeCurrent()
+	d.mu.RLock()
+	st := &bus.Status{
+		Version: Version, Mode: d.o.Units, Config: d.o.Config, Generation: gen, Channel: channel,
+		StartedUnix: d.started.Unix(), ReconciledUnix: unix(d.reconciled), ReconcileError: d.reconcileErr,
+		Agents: make([]bus.AgentStatus, 0, len(cfg.Agents)),
+	}
+	d.mu.RUnlock()
+	marks, err := quarantine.List(d.qdirs)
+	if err != nil {
+		return nil, err
+	}
+	for _, a := range cfg.Agents {
+		st.Agents = append(st.Agents, d.agentStatusWith(a, marks[a.Name]))
+	}
+	return st, nil
+}
+
+func (d *Daemon) agentStatus(a *config.Agent) bus.AgentStatus {
+	m, _ := quarantine.Read(d.qdirs, a.Name)
+	return d.agentStatusWith(a, m)
+}
+
+func (d *Daemon) agentStatusWith(a *config.Agent, m *quarantine.Mark) bus.AgentStatus {
+	unit := paths.Instance(paths.AgentTemplate, a.Name)
+	as := bus.AgentStatus{Name: a.Name, Backend: a.Backend, Unit: unit, Autostart: a.Autostart}
+	if m != nil {
+		as.Quarantined, as.QuarantineReason = true, m.Reason
+	}
+	if d.audit != nil {
+		as.Allowed, as.Flagged, as.Blocked = d.audit.counts(a.Name)
+	}
+	d.mu.RLock()
+	s := d.states[unit]
+	as.LoadState, as.ActiveState, as.SubState = s.Load, s.Active, s.Sub
+	as.EgressState = d.states[paths.Instance(paths.EgressTemplate, a.Name)].Active
+	if s.Running() {
+		as.Generation = d.agentGen[a.Name]
+	}
+	d.mu.RUnlock()
+	return as
+}
+
+// refreshStates reads the units of agents (all when none given) from
+// systemd into the cache.
+func (d *Daemon) refreshStates(ctx context.Context, agents ...string) error {
+	if len(agents) == 0 {
+		for _, a := range d.config().Agents {
+			agents = append(agents, a.Name)
+		}
+	}
+	names := make([]string, 0, 2*len(agents))
+	for _, a := range agents {
+		names = append(names, paths.Instance(paths.AgentTemplate, a), paths.Instance(paths.EgressTemplate, a))
+	}
+	states, err := d.units.States(ctx, names)
+	if err != nil {
+		return err
+	}
+	type change struct{ agent, active, sub string }
+	var changed []change
+	d.mu.Lock()
+	for n, s := range states {
+		prev, known := d.states[n]
+		d.states[n] = s
+		if a, ok := agentOfUnit(n); ok && n == paths.Instance(paths.AgentTemplate, a) && known && (prev.Active != s.Active || prev.Sub != s.Sub) {
+			changed = append(changed, change{a, s.Active, s.Sub})
+		}
+	}
+	d.mu.Unlock()
+	// Whichever learns of a transition first, this read or systemd's
+	// signal, reports it; the cache makes the other one a no-op.
+	if d.srv != nil {
+		for _, c := range changed {
+			d.srv.Emit(bus.SignalAgentStateChanged, c.agent, c.active, c.sub)
+		}
+	}
+	return nil
+}
+
+// Agent is one agent's status, read fresh from systemd.
+func (d *Daemon) Agent(ctx context.Context, name string) (*bus.AgentStatus, error) {
+	a := d.config().Agent(name)
+	if a == nil {
+		return nil, fmt.Errorf("%w: %q", bus.ErrNoSuchAgent, name)
+	}
+	if err := d.refreshStates(ctx, name); err != nil {
+		return nil, err
+	}
+	st := d.agentStatus(a)
+	return &st, nil
+}
+
+func unix(t interface{ Unix() int64 }) int64 { return t.Unix() }
+
+func (d *Daemon) refuseQuarantined(agent string) error {
+	if m, _ := quarantine.Read(d.qdirs, agent); m != nil {
+		return fmt.Errorf("%w: %s was quarantined at %s by %s (%s); inspect %s, then `cagectl release %s`",
+			bus.ErrIsQuarantined, agent, m.At.Format("2006-01-02 15:04:05Z07:00"), m.By, m.Reason, m.Evidence, agent)
+	}
+	return nil
+}
+
+func (d *Daemon) refresh(ctx context.Context, agent string) {
+	if st, err := d.Agent(ctx, agent); err == nil {
+		d.srv.UpdateAgent(*st)
+	}
+}
+
+// Start starts an agent (its namespace, gateway sockets and prepare step
+// come with it through Requires=).
+func (d *Daemon) Start(ctx context.Context, agent, by string) error {
+	if err := d.refuseQuarantined(agent); err != nil {
+		return err
+	}
+	unit := paths.Instance(paths.AgentTemplate, agent)
+	// A unit that hit its start limit stays failed until reset; an operator
+	// asking for a start means it.
+	_ = d.sd.ResetFailedUnitContext(ctx, unit)
+	d.log.Info("start agent", "agent", agent, "by", by)
+	err := d.units.Start(ctx, unit)
+	if err == nil {
+		gen, _ := d.storeCurrent()
+		d.mu.Lock()
+		d.agentGen[agent] = gen
+		d.mu.Unlock()
+	}
+	d.refresh(ctx, agent)
+	return err
+}
+
+// Stop stops an agent.
+func (d *Daemon) Stop(ctx context.Context, agent, by string) error {
+	d.log.Info("stop agent", "agent", agent, "by", by)
+	err := d.units.Stop(ctx, paths.Instance(paths.AgentTemplate, agent))
+	d.refresh(ctx, agent)
+	return err
+}
+
+// Restart restarts an agent.
+func (d *Daemon) Restart(ctx context.Context, agent, by string) error {
+	if err := d.refuseQuarantined(agent); err != nil {
+		return err
+	}
+	d.log.Info("restart agent", "agent", agent, "by", by)
+	unit := paths.Instance(paths.AgentTemplate, agent)
+	_ = d.sd.ResetFailedUnitContext(ctx, unit)
+	err := d.units.Restart(ctx, unit)
+	if err == nil {
+		gen, _ := d.storeCurrent()
+		d.mu.Lock()
+		d.agentGen[agent] = gen
+		d.mu.Unlock()
+	}
+	d.refresh(ctx, agent)
+	return err
+}
+
+// Kill sends SIGKILL to every process in the agent's cgroup at once. It is
+// audited: logged at warning level and signalled on the bus.
+func (d *Daemon) Kill(ctx context.Context, agent, by string) error {
+	unit := paths.Instance(paths.AgentTemplate, agent)
+	d.log.Warn("kill agent", "agent", agent, "unit", unit, "signal", "SIGKILL", "by", by)
+	if err := d.units.Kill(ctx, unit, int32(syscall.SIGKILL)); err != nil {
+		return err
+	}
+	d.srv.Emit(bus.SignalAgentKilled, agent, by)
+	d.refresh(ctx, agent)
+	return nil
+}
+
+// Quarantine takes the agent out of service and preserves evidence.
+func (d *Daemon) Quarantine(ctx context.Context, agent, reason, by string) (string, error) {
+	d.op.Lock()
+	defer d.op.Unlock()
+	a := d.config().Agent(agent)
+	if a == nil { // removed by a reload since the call was authorized
+		return "", fmt.Errorf("%w: %q", bus.ErrNoSuchAgent, agent)
+	}
+	snap, _ := d.Agent(ctx, agent)
+	res, err := quarantine.Run(ctx, d.units, d.qdirs, quarantine.Request{
+		Agent: agent, Reason: reason, By: by, Workspace: a.Workspace, Status: snap, Log: d.log,
+	})
+	if errors.Is(err, quarantine.ErrAlreadyQuarantined) {
+		return "", fmt.Errorf("%w: %v", bus.ErrIsQuarantined, err)
+	}
+	evidence := ""
+	if res != nil && res.Evidence != nil {
+		evidence = res.Evidence.Dir
+	}
+	if res != nil {
+		d.srv.Emit(bus.SignalAgentQuarantined, agent, reason, evidence, by)
+	}
+	d.refresh(ctx, agent)
+	return evidence, err
+}
+
+// Release lifts a quarantine. The agent stays down until started.
+func (d *Daemon) Release(ctx context.Context, agent, by string) error {
+	m, err := quarantine.Release(d.qdirs, agent)
+	if err != nil {
+		return fmt.Errorf("%w: %v", bus.ErrInvalid, err)
+	}
+	d.log.Warn("agent released from quarantine", "agent", agent, "by", by, "quarantined_by", m.By, "reason", m.Reason, "evidence", m.Evidence)
+	d.srv.Emit(bus.SignalAgentReleased, agent, by)
+	d.refresh(ctx, agent)
+	return nil
+}
+
+// Reload re-reads the configuration and reconciles. An invalid config is
+// refused and the running one kept.
+func (d *Daemon) Reload(ctx context.Context, by string) error {
+	cfg, err := d.loadConfig()
+	if err != nil {
+		d.log.Error("reload refused", "by", by, "err", err)
+		return fmt.Errorf("%w: %v (the running configuration is unchanged)", bus.ErrInvalid, err)
+	}
+	d.mu.Lock()
+	d.cfg = cfg
+	d.mu.Unlock()
+	d.log.Info("reload", "by", by, "agents", len(cfg.Agents))
+	err = d.reconcile(ctx, "reload by "+by)
+	d.publishAgents(ctx)
+	gen, channel := d.storeCurrent()
+	d.srv.SetManager(gen, channel, d.reconcileErrString())
+	return err
+}
+
+// ReadAudit returns complete audit records of agent from offset on. A
+// negative offset means "the newest max records".
+func (d *Daemon) ReadAudit(ctx context.Context, agent string, offset int64, max uint32) ([]string, int64, error) {
+	if max == 0 || max > 10000 {
+		max = 10000
+	}
+	return auditlog.Read(d.qdirs.AuditFile(agent), offset, int(max))
+}
+
+// openStore opens the shared store as the config declares it.
+func (d *Daemon) openStore(readOnly bool) (*store.Store, error) {
+	sc := d.config().Store
+	if sc == nil {
+		return nil, errNoStore
+	}
+	if !readOnly {
+		// The store's parent is caged's StateDirectory on a real host; make
+		// sure it exists wherever the store root was declared.
+		if err := os.MkdirAll(filepath.Dir(d.qdirs.Host(sc.Root)), 0o755); err != nil {
+			return nil, fmt.Errorf("store: %w", err)
+		}
+	}
+	keys := make([]string, len(sc.Keys))
+	for i, k := range sc.Keys {
+		keys[i] = d.qdirs.Host(k)
+	}
+	return store.Open(store.Options{
+		Root: d.qdirs.Host(sc.Root), Channel: sc.Channel, TrustedKeys: keys, NixPublicKeys: sc.NixKeys,
+		Threshold: sc.Threshold, Keep: sc.Generations, Logger: d.log, ReadOnly: readOnly,
+	})
+}
+
+// storeCurrent is the generation in use and its channel (0, "" if none).
+func (d *Daemon) storeCurrent() (uint64, string) {
+	sc := d.config().Store
+	if sc == nil {
+		return 0, ""
+	}
+	s, err := d.openStore(true)
+	if err != nil {
+		return 0, sc.Channel
+	}
+	n, err := s.Current()
+	if err != nil {
+		return 0, sc.Channel
+	}
+	return n, sc.Channel
+}
+
+// Apply verifies a release and makes it current. Running agents keep the
+// generation they started with until restarted; status shows which.
+func (d *Daemon) Apply(ctx context.Context, source, by string) (*bus.ApplyResult, error) {
+	d.op.Lock()
+	defer d.op.Unlock()
+	s, err := d.openStore(false)
+	if err != nil {
+		return nil, err
+	}
+	src, err := release.NewSource(source)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", bus.ErrInvalid, err)
+	}
+	d.log.Info("apply release", "source", source, "by", by)
+	res, err := s.Apply(ctx, src)
+	if err != nil {
+		d.log.Error("release refused", "source", source, "by", by, "err", err)
+		return nil, err
+	}
+	d.log.Warn("release applied", "generation", res.Generation, "previous", res.Previous, "top", res.Top, "by", by)
+	d.srv.Emit(bus.SignalReleaseApplied, res.Generation, res.Previous, by)
+	d.srv.SetManager(res.Generation, res.Channel, d.reconcileErrString())
+	return &bus.ApplyResult{Generation: res.Generation, Previous: res.Previous, Channel: res.Channel, Top: res.Top,
+		Added: uint32(res.Added), Reused: uint32(res.Reused), Bytes: res.Bytes}, nil
+}
+
+// Rollback switches the store to an older kept generation.
+func (d *Daemon) Rollback(ctx context.Context, to uint64, by string) (uint64, uint64, error) {
+	d.op.Lock()
+	defer d.op.Unlock()
+	s, err := d.openStore(false)
+	if err != nil {
+		return 0, 0, err
+	}
+	from, now, err := s.Rollback(ctx, to)
+	if err != nil {
+		return 0, 0, err
+	}
+	d.log.Warn("store rolled back", "from", from, "to", now, "by", by)
+	d.srv.Emit(bus.SignalReleaseApplied, now, from, by)
+	_, channel := d.storeCurrent()
+	d.srv.SetManager(now, channel, d.reconcileErrString())
+	return from, now, nil
+}
+
+// Generations lists the kept generations.
+func (d *Daemon) Generations(ctx context.Context) ([]bus.Generation, error) {
+	s, err := d.openStore(true)
+	if err != nil {
+		return nil, err
+	}
+	gens, err := s.Generations()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]bus.Generation, len(gens))
+	for i, g := range gens {
+		out[i] = bus.Generation{Number: g.Number, Channel: g.Channel, CreatedUnix: g.Created.Unix(), ExpiresUnix: g.Expires.Unix(),
+			Top: g.Top, Paths: uint32(g.Paths), Current: g.Current}
+	}
+	return out, nil
+}

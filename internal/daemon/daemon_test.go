@@ -1,0 +1,258 @@
+package daemon_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nixcage/nixcage/internal/bus"
+	"github.com/nixcage/nixcage/internal/daemon/daemontest"
+	"github.com/nixcage/nixcage/internal/paths"
+	"github.com/nixcage/nixcage/internal/quarantine"
+	"github.com/nixcage/nixcage/internal/testenv"
+)
+
+const twoAgents = `
+agent "alpha" {
+  backend = "service"
+  command = ["/bin/sleep", "infinity"]
+}
+agent "beta" {
+  backend   = "service"
+  command   = ["/bin/sleep", "infinity"]
+  autostart = false
+}
+`
+
+func unit(a string) string { return paths.Instance(paths.AgentTemplate, a) }
+
+func TestStartupReconcilesAndReportsStatus(t *testing.T) {
+	c := daemontest.Start(t, twoAgents)
+	if a, _ := c.SD.State(unit("alpha")); a != "active" {
+		t.Fatalf("autostart agent is %s after caged started", a)
+	}
+	if _, err := os.Stat(c.Path("/run/systemd/system/" + unit("beta"))); err != nil {
+		t.Fatalf("units not rendered into /run: %v", err)
+	}
+	st, err := c.Client().Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode != "render" || len(st.Agents) != 2 || st.ReconcileError != "" {
+		t.Fatalf("status = %+v", st)
+	}
+	a, b := st.Agents[0], st.Agents[1]
+	if a.Name != "alpha" || a.ActiveState != "active" || a.LoadState != "loaded" || !a.Autostart {
+		t.Errorf("alpha = %+v", a)
+	}
+	if b.Name != "beta" || b.ActiveState != "inactive" || b.Autostart {
+		t.Errorf("beta = %+v", b)
+	}
+}
+
+func TestLifecycleKillAndEvents(t *testing.T) {
+	c := daemontest.Start(t, twoAgents)
+	cl := c.Client()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	events, err := cl.Events(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SD.Reset()
+	if err := cl.Start(ctx, "beta"); err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(t, events, func(e bus.Event) bool {
+		return e.Kind == bus.SignalAgentStateChanged && e.Agent == "beta" && e.Data["active_state"] == "active"
+	})
+	if err := cl.Kill(ctx, "beta"); err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(t, events, func(e bus.Event) bool {
+		return e.Kind == bus.SignalAgentKilled && e.Agent == "beta" && e.Data["by"] != ""
+	})
+	if err := cl.Restart(ctx, "beta"); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.Stop(ctx, "beta"); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"ResetFailedUnit " + unit("beta"), "StartUnit " + unit("beta"),
+		"KillUnit " + unit("beta") + " all 9",
+		"ResetFailedUnit " + unit("beta"), "RestartUnit " + unit("beta"),
+		"StopUnit " + unit("beta"),
+	}
+	if got := c.SD.Calls(); !slices.Equal(got, want) {
+		t.Errorf("systemd calls:\n got %q\nwant %q", got, want)
+	}
+	if err := cl.Start(ctx, "nope"); !errors.Is(err, bus.ErrNoSuchAgent) {
+		t.Errorf("start unknown agent: %v", err)
+	}
+
+	// Egress decisions from the gateway's audit log become counters and
+	// signals (blocked and flagged only).
+	auditFile := c.Path(filepath.Join(paths.AuditDir("alpha"), "audit.jsonl"))
+	os.MkdirAll(filepath.Dir(auditFile), 0o755)
+	recs := `{"schema":1,"agent":"alpha","host":"api.example.com","decision":"allowed"}
+{"schema":1,"agent":"alpha","host":"evil.example","decision":"blocked","reason":"host not allowed"}
+{"schema":1,"agent":"alpha","host":"api.example.com","decision":"flagged","reason":"high entropy body"}
+`
+	if err := os.WriteFile(auditFile, []byte(recs), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e := waitEvent(t, events, func(e bus.Event) bool { return e.Kind == bus.SignalEgressDecision })
+	if e.Agent != "alpha" || e.Data["decision"] != "blocked" || e.Data["host"] != "evil.example" || e.Data["reason"] != "host not allowed" {
+		t.Errorf("first egress event = %+v", e)
+	}
+	e = waitEvent(t, events, func(e bus.Event) bool { return e.Kind == bus.SignalEgressDecision })
+	if e.Data["decision"] != "flagged" {
+		t.Errorf("second egress event = %+v", e)
+	}
+	st, err := cl.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := st.Agents[0]; a.Allowed != 1 || a.Blocked != 1 || a.Flagged != 1 {
+		t.Errorf("counters = %d/%d/%d, want 1/1/1", a.Allowed, a.Flagged, a.Blocked)
+	}
+	lines, next, err := cl.ReadAudit(ctx, "alpha", 0, 2)
+	if err != nil || len(lines) != 2 || !strings.Contains(lines[1], "evil.example") {
+		t.Fatalf("ReadAudit = %q %v", lines, err)
+	}
+	lines, _, err = cl.ReadAudit(ctx, "alpha", next, 100)
+	if err != nil || len(lines) != 1 || !strings.Contains(lines[0], "flagged") {
+		t.Fatalf("ReadAudit from %d = %q %v", next, lines, err)
+	}
+	lines, _, err = cl.ReadAudit(ctx, "alpha", -1, 1)
+	if err != nil || len(lines) != 1 || !strings.Contains(lines[0], "flagged") {
+		t.Fatalf("ReadAudit tail = %q %v", lines, err)
+	}
+}
+
+func waitEvent(t *testing.T, events <-chan bus.Event, match func(bus.Event) bool) bus.Event {
+	t.Helper()
+	for {
+		select {
+		case e, ok := <-events:
+			if !ok {
+				t.Fatal("event stream ended")
+			}
+			if match(e) {
+				return e
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatal("expected event did not arrive")
+		}
+	}
+}
+
+func TestQuarantineSurvivesRestartUntilReleased(t *testing.T) {
+	c := daemontest.Start(t, twoAgents)
+	cl := c.Client()
+	ctx := context.Background()
+	ws := c.Path(paths.DefaultWorkspace("alpha"))
+	os.MkdirAll(ws, 0o755)
+	os.WriteFile(filepath.Join(ws, "loot.txt"), []byte("secrets\n"), 0o644)
+
+	ev, err := cl.Quarantine(ctx, "alpha", "tried to exfiltrate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(testenv.LookPath(t, "sha256sum"), "--strict", "-c", quarantine.ManifestName)
+	cmd.Dir = ev
+	if out, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(out), "workspace/loot.txt: OK") {
+		t.Fatalf("sha256sum -c in %s: %v\n%s", ev, err, out)
+	}
+	if a, _ := c.SD.State(unit("alpha")); a != "inactive" {
+		t.Fatalf("quarantined agent is %s", a)
+	}
+	st, _ := cl.Status(ctx)
+	if !st.Agents[0].Quarantined || st.Agents[0].QuarantineReason != "tried to exfiltrate" {
+		t.Errorf("status = %+v", st.Agents[0])
+	}
+	if _, err := cl.Quarantine(ctx, "alpha", "again"); err == nil {
+		t.Error("second quarantine accepted")
+	}
+
+	// caged restarts (crash, upgrade, reboot): the autostart agent stays
+	// down, and an explicit start is refused with the reason.
+	c.Restart()
+	cl = c.Client()
+	if a, _ := c.SD.State(unit("alpha")); a != "inactive" {
+		t.Fatalf("quarantined agent is %s after caged restarted", a)
+	}
+	err = cl.Start(ctx, "alpha")
+	var re *bus.RemoteError
+	if !errors.As(err, &re) || re.Name != bus.ErrorQuarantined || !strings.Contains(err.Error(), "cagectl release alpha") {
+		t.Fatalf("start of a quarantined agent: %v", err)
+	}
+	// Even bypassing caged, systemd's condition keeps it down.
+	c.SD.Reset()
+	if err := cl.Restart(ctx, "alpha"); err == nil {
+		t.Fatal("restart of a quarantined agent accepted")
+	}
+
+	if err := cl.Release(ctx, "alpha"); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.Release(ctx, "alpha"); err == nil {
+		t.Error("second release accepted")
+	}
+	if err := cl.Start(ctx, "alpha"); err != nil {
+		t.Fatal(err)
+	}
+	if a, _ := c.SD.State(unit("alpha")); a != "active" {
+		t.Fatalf("released agent is %s after start", a)
+	}
+}
+
+func TestReloadAppliesNewConfigAndRefusesBadOnes(t *testing.T) {
+	c := daemontest.Start(t, twoAgents)
+	cl := c.Client()
+	ctx := context.Background()
+	c.WriteConfig(`agent "beta" {
+  backend = "service"
+  command = ["/bin/sleep", "1"]
+}`)
+	c.SD.Reset()
+	if err := cl.Reload(ctx); err != nil {
+		t.Fatal(err)
+	}
+	calls := c.SD.Calls()
+	if !slices.Contains(calls, "StopUnit "+unit("alpha")) || !slices.Contains(calls, "Reload") || !slices.Contains(calls, "StartUnit "+unit("beta")) {
+		t.Errorf("calls after reload: %q", calls)
+	}
+	st, _ := cl.Status(ctx)
+	if len(st.Agents) != 1 || st.Agents[0].Name != "beta" {
+		t.Errorf("agents after reload: %+v", st.Agents)
+	}
+	conn := c.Bus.Conn(t)
+	if _, err := conn.Object(bus.Name, bus.AgentPath("alpha")).GetProperty(bus.AgentIface + ".Name"); err == nil {
+		t.Error("removed agent keeps its bus object")
+	}
+
+	c.WriteConfig(`agent "Bad Name" {}`)
+	err := cl.Reload(ctx)
+	if err == nil || !strings.Contains(err.Error(), "running configuration is unchanged") {
+		t.Fatalf("bad reload: %v", err)
+	}
+	if st, _ := cl.Status(ctx); len(st.Agents) != 1 {
+		t.Errorf("bad config changed the agents: %+v", st.Agents)
+	}
+}
+
+func TestApplyWithoutStoreIsAClearError(t *testing.T) {
+	c := daemontest.Start(t, twoAgents)
+	_, err := c.Client().Apply(context.Background(), "/nonexistent")
+	if err == nil || !strings.Contains(err.Error(), "declare store") {
+		t.Fatalf("apply without a store block: %v", err)
+	}
+}
