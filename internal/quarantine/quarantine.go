@@ -228,8 +228,9 @@ func Run(ctx context.Context, u reconcile.Units, d Dirs, req Request) (*Result, 
 	}
 	if res.Frozen {
 		// A frozen cgroup cannot act on SIGTERM; thaw so the stop is
-		// prompt. Its network is already gone.
-		if err := u.Thaw(ctx, agentUnit); err != nil {
+		// prompt. Its network is already gone. Cutting the egress may have
+		// stopped (and unloaded) the agent already: it Requires= the sockets.
+		if err := u.Thaw(ctx, agentUnit); err != nil && !reconcile.IsNoSuchUnit(err) {
 			errs = append(errs, err)
 		}
 		if err := u.Stop(ctx, agentUnit); err != nil && !reconcile.IsNoSuchUnit(err) {

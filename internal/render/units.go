@@ -34,7 +34,10 @@ func (r *renderer) caged() {
 		// writable under ProtectSystem=strict; create it with full
 		// privileges ("+") so ReadWritePaths= below can open it up.
 		"ExecStartPre", "+/bin/mkdir -p /run/tmpfiles.d",
-		"ExecStart", quoteCmd([]string{r.bin("caged"), "--config", r.cagedConfig()}),
+		// The units were rendered together with this one, so caged only
+		// manages their lifecycle ("os"); `--units render` is for a caged
+		// installed alone that renders into /run itself.
+		"ExecStart", quoteCmd([]string{r.bin("caged"), "--config", r.cagedConfig(), "--units", "os"}),
 		// Re-read the config and reconcile, synchronously, over the bus
 		// (minimal hosts have no kill(1); SIGHUP does the same).
 		"ExecReload", quoteCmd([]string{r.bin("cagectl"), "reload"}),
