@@ -15,6 +15,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"time"
 
@@ -57,14 +58,14 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 
-	step("building cagectl and cage-egress")
+	step("building cagectl, caged and cage-egress")
 	binDir, err := os.MkdirTemp("", "nixcage-demo-bin-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(binDir)
 	bins := systest.Binaries{}
-	for name, pkg := range map[string]string{"cagectl": "./cmd/cagectl", "upstream": "./checks/system/upstream"} {
+	for name, pkg := range map[string]string{"cagectl": "./cmd/cagectl", "caged": "./cmd/caged", "upstream": "./checks/system/upstream"} {
 		p, err := systest.Build(ctx, pkg, binDir)
 		if err != nil {
 			return err
@@ -119,9 +120,14 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 	units, _ := m.Run(ctx, "sh", "-c", "cd /etc/systemd/system && ls -d nixcage* cage-egress*")
 	fmt.Fprint(out, indent(units))
 
+	step("starting caged (the rendered D-Bus policy and unit)")
+	if _, err := m.Shell(ctx, "systemctl reload dbus && systemctl start nixcage-caged.service"); err != nil {
+		return err
+	}
+
 	unit := systest.AgentUnit(*agent)
-	step("systemctl start %s", unit)
-	if _, err := m.Run(ctx, "systemctl", "start", unit); err != nil {
+	step("cagectl start %s", *agent)
+	if _, err := m.Run(ctx, "cagectl", "start", *agent); err != nil {
 		return err
 	}
 	runCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
@@ -176,14 +182,26 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 		problems = append(problems, "the real key appeared in the agent's output")
 	}
 
-	if help, _ := m.Run(ctx, "cagectl", "help"); strings.Contains(help, "status") {
-		step("cagectl status")
-		st, err := m.Run(ctx, "cagectl", "status")
-		if err != nil {
-			st = err.Error()
+	step("cagectl status (over the machine's system bus)")
+	// caged reads the audit logs about once a second; give its counters
+	// a moment to catch up with what the gateway decided.
+	var status string
+	for i := 0; i < 30; i++ {
+		status, err = m.Run(ctx, "cagectl", "status", "--json")
+		if err != nil || blockedCounted.MatchString(status) {
+			break
 		}
-		fmt.Fprint(out, indent(st))
+		time.Sleep(200 * time.Millisecond)
 	}
+	if err == nil && !blockedCounted.MatchString(status) {
+		problems = append(problems, "cagectl status does not count the blocked request")
+	}
+	status, err = m.Run(ctx, "cagectl", "status")
+	if err != nil {
+		problems = append(problems, "cagectl status failed: "+err.Error())
+		status = err.Error()
+	}
+	fmt.Fprint(out, indent(status))
 
 	step("audit trail (%s)", systest.AuditLog(*agent))
 	data, err := m.ReadFile(systest.AuditLog(*agent))
@@ -235,3 +253,7 @@ func indent(s string) string {
 	}
 	return "  " + strings.ReplaceAll(s, "\n", "\n  ") + "\n"
 }
+
+// blockedCounted matches caged's status JSON once it counted the refused
+// exfiltration attempt.
+var blockedCounted = regexp.MustCompile(`"egress_blocked":\s*1\b`)
