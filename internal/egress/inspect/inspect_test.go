@@ -5,18 +5,28 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nixcage/nixcage/internal/egress/redact"
 	"github.com/nixcage/nixcage/internal/policy"
 )
 
+func realMatcher(t testing.TB, real, ph string) *redact.Matcher {
+	t.Helper()
+	fs, err := redact.Forms("anthropic", real, ph)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return redact.New(fs)
+}
+
 func TestInspect(t *testing.T) {
 	real := "sk-ant-api03-REALVALUEabcdefghijklmnopqrstuvwxyz012345"
-	ph := "sk-ant-api03-PLACEHOLDERqwertyuiopasdfghjklzxcvbnm0"
+	ph := "sk-ant-api03-PLACEHOLDERqwertyuiopasdfghjklzxcvbnm0123"
 	set, err := New([]policy.Inspector{
 		{Name: policy.InspectSecretPatterns, Action: policy.ActionBlock},
 		{Name: policy.InspectBodySize, Action: policy.ActionFlag, MaxBytes: 100},
 		{Name: policy.InspectEntropy, Action: policy.ActionFlag},
 		{Name: policy.InspectEncodedBlobs, Action: policy.ActionFlag, MinLength: 64},
-	}, []Value{{Name: "anthropic", Value: real}}, []string{ph})
+	}, realMatcher(t, real, ph), map[string]string{"anthropic": ph})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +47,7 @@ func TestInspect(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			fs := set.Inspect([]Part{{Where: c.where, Data: []byte(c.data)}})
+			fs, _ := set.Inspect([]Part{{Where: c.where, Data: []byte(c.data)}})
 			var got []string
 			for _, f := range fs {
 				got = append(got, f.Inspector)
