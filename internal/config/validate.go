@@ -96,7 +96,6 @@ func (v *validator) diag(sev hcl.DiagnosticSeverity, rng hcl.Range, summary, det
 	v.diags = append(v.diags, &hcl.Diagnostic{Severity: sev, Summary: summary, Detail: detail, Subject: &r})
 }
 
-
 // denyBelowNotes explains the deny rule where a policy would have been read
 // otherwise before it: an exact deny entry covers every name below it
 // (policy.Covers), so names an allow wildcard or an allowed subdomain let
