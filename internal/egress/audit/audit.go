@@ -30,6 +30,14 @@ const (
 	Blocked = auditlog.Blocked
 )
 
+// Events.
+const (
+	EventRequest = auditlog.EventRequest
+	EventOpen    = auditlog.EventOpen
+	EventClose   = auditlog.EventClose
+	EventSummary = auditlog.EventSummary
+)
+
 // Record is one decision.
 type Record = auditlog.Record
 
