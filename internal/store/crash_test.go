@@ -162,7 +162,14 @@ func TestCrashSafety(t *testing.T) {
 		werr := cmd.Wait()
 
 		// What caged does at start: recover, then the store must verify.
-		if err := s.Recover(); err != nil {
+		// A child killed while forking xz leaves the fork holding the lock
+		// until it execs (close-on-exec): wait for that, briefly.
+		err = s.Recover()
+		for try := 0; err != nil && strings.Contains(err.Error(), "is busy") && try < 50; try++ {
+			time.Sleep(100 * time.Millisecond)
+			err = s.Recover()
+		}
+		if err != nil {
 			t.Fatalf("iteration %d (step %d): recover: %v", i, step, err)
 		}
 		cur, err := s.Current()
