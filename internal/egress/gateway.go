@@ -39,14 +39,11 @@ import (
 	"github.com/nixcage/nixcage/internal/policy"
 )
 
-// Gateway defaults for limits a policy leaves at zero.
+// Limits a document leaves at zero take the model's defaults
+// (policy.Default*): one value per knob.
 const (
-	DefaultMaxTunnels     = 1024
-	DefaultMaxHeaderBytes = 64 << 10
-	DefaultMaxBodyBytes   = 32 << 20
-	DefaultIdleTimeout    = 5 * time.Minute
-	handshakeTimeout      = 15 * time.Second
-	dialTimeout           = 15 * time.Second
+	handshakeTimeout = 15 * time.Second
+	dialTimeout      = 15 * time.Second
 )
 
 // Resolver looks up addresses; *net.Resolver implements it.
@@ -157,10 +154,10 @@ func (g *Gateway) build(rt *policy.Runtime) (*state, error) {
 			Forbidden:           g.listenersSnapshot(),
 		},
 		limiter:   newLimiter(rt.Policy.RateLimit),
-		maxTun:    orDefault(lim.MaxTunnels, DefaultMaxTunnels),
-		maxHeader: orDefault(lim.MaxHeaderBytes, DefaultMaxHeaderBytes),
-		maxBody:   orDefault(lim.MaxBodyBytes, DefaultMaxBodyBytes),
-		idle:      time.Duration(orDefault(lim.IdleTimeoutSeconds, int(DefaultIdleTimeout/time.Second))) * time.Second,
+		maxTun:    orDefault(lim.MaxTunnels, policy.DefaultMaxTunnels),
+		maxHeader: orDefault(lim.MaxHeaderBytes, policy.DefaultMaxHeaderBytes),
+		maxBody:   orDefault(lim.MaxBodyBytes, policy.DefaultMaxBodyBytes),
+		idle:      time.Duration(orDefault(lim.IdleTimeoutSeconds, policy.DefaultIdleTimeoutSeconds)) * time.Second,
 	}
 	return st, nil
 }
