@@ -50,14 +50,13 @@ var reservedEnv = map[string]bool{
 // quote them. The egress policy's defaults live with its model, in package
 // policy (policy.DefaultMaxTunnels, ...).
 const (
-	DefaultMemory         = "2G"
-	DefaultTasks          = 512
-	DefaultPort           = 443
-	DefaultGenerations    = 3
-	DefaultPolicy         = "none"
-	DefaultSecretHeader   = "Authorization"
+	DefaultMemory       = "2G"
+	DefaultTasks        = 512
+	DefaultPort         = 443
+	DefaultGenerations  = 3
+	DefaultPolicy       = "none"
+	DefaultSecretHeader = "Authorization"
 )
-
 
 type validator struct {
 	loader *Loader
