@@ -80,14 +80,16 @@ type Options struct {
 
 // Gateway is one agent's egress gateway.
 type Gateway struct {
-	st      atomic.Pointer[state]
-	opts    Options
-	tunnels atomic.Int64
-	own     map[netip.Addr]bool
-	mu      sync.Mutex
-	listen  map[netip.AddrPort]bool
-	h1, h2  *http.Transport
-	log     *slog.Logger
+	st   atomic.Pointer[state]
+	opts Options
+	// held counts connections, tunnels and HTTP/2 streams (max_tunnels).
+	held     atomic.Int64
+	refusers atomic.Int64
+	own      map[netip.Addr]bool
+	mu       sync.Mutex
+	listen   map[netip.AddrPort]bool
+	h1, h2   *http.Transport
+	log      *slog.Logger
 }
 
 // New builds a gateway from a runtime document. Any inconsistency is an
@@ -103,6 +105,8 @@ func New(rt *policy.Runtime, opts Options) (*Gateway, error) {
 		opts.Log = slog.Default()
 	}
 	g := &Gateway{opts: opts, own: netguard.OwnAddrs(), listen: map[netip.AddrPort]bool{}, log: opts.Log}
+	opts.Audit.SetBudget(audit.ClassDNS, audit.DefaultBudget)
+	opts.Audit.SetBudget(audit.ClassCap, audit.DefaultBudget)
 	st, err := g.build(rt)
 	if err != nil {
 		return nil, err

@@ -85,7 +85,7 @@ func (f *Filter) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 			rec.BytesIn = int64(len(b))
 		}
 		rec.DurationMS = time.Since(start).Milliseconds()
-		_ = f.Audit.Log(rec)
+		_ = f.Audit.LogBudgeted(audit.ClassDNS, rec)
 		_ = w.WriteMsg(m)
 	}
 	if b, err := r.Pack(); err == nil {
