@@ -118,10 +118,11 @@ func procStatus(t *testing.T, pid int, field string) int64 {
 
 // FloodRSSBoundMiB is the peak RSS the real gateway may reach under
 // TestFloodRSS at the default limits; docs/egress.md states it.
-const FloodRSSBoundMiB = 64
+const FloodRSSBoundMiB = 96
 
 // A cage floods its gateway at the default limits (256 slots): two thousand
-// plain-HTTP connections with slow bodies, hundreds of CONNECT tunnels, and
+// plain-HTTP connections with slow bodies, 24 with 8 MiB bodies sent fast
+// then stalled, hundreds of CONNECT tunnels, and
 // HTTP/2 streams with slow bodies on intercepted connections. The real
 // binary's peak RSS stays under FloodRSSBoundMiB, the excess is refused and
 // audited (as summaries over the audit budget), and afterwards the gateway
@@ -144,6 +145,13 @@ func TestFloodRSS(t *testing.T) {
 		}
 		conns = append(conns, c)
 		return c
+	}
+	// Bodies sent fast up to a quarter of max_body_bytes, then stalled: the
+	// gateway streams them, so they must not be held whole.
+	big := strings.Repeat("b", 8<<20)
+	for i := range 24 {
+		c := dial()
+		go fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: plain.example.com\r\nContent-Length: %d\r\n\r\n%s", h.httpURL("plain.example.com", fmt.Sprintf("/big%d", i)), 32<<20, big)
 	}
 	slow := strings.Repeat("s", 16<<10)
 	for i := range 2000 {

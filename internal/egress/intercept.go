@@ -120,16 +120,16 @@ func (g *Gateway) serveInner(w http.ResponseWriter, r *http.Request, t *target, 
 	start := time.Now()
 	rec := audit.Record{Method: r.Method, Host: t.host, Port: t.port, Path: r.URL.Path, Rule: t.rule}
 	if r.Method == http.MethodConnect {
-		g.refuse(w, rec, block(http.StatusForbidden, "connect-in-connect", "CONNECT inside a tunnel is not allowed"), start)
+		g.refuse(w, r, rec, block(http.StatusForbidden, "connect-in-connect", "CONNECT inside a tunnel is not allowed"), start)
 		return
 	}
 	if r.RequestURI != "*" && len(r.RequestURI) > 0 && r.RequestURI[0] != '/' && !h2 {
-		g.refuse(w, rec, block(http.StatusForbidden, "proxy-chaining", "absolute-form request inside a tunnel (proxy chaining) is not allowed"), start)
+		g.refuse(w, r, rec, block(http.StatusForbidden, "proxy-chaining", "absolute-form request inside a tunnel (proxy chaining) is not allowed"), start)
 		return
 	}
 	host, port, err := splitAuthority(r.Host, t.port)
 	if err != nil || host != t.host || port != t.port {
-		g.refuse(w, rec, block(http.StatusMisdirectedRequest, "host-mismatch", "Host %q does not match CONNECT authority %s (domain fronting)", r.Host, hostPort(t.host, t.port)), start)
+		g.refuse(w, r, rec, block(http.StatusMisdirectedRequest, "host-mismatch", "Host %q does not match CONNECT authority %s (domain fronting)", r.Host, hostPort(t.host, t.port)), start)
 		return
 	}
 	// Re-read the state: a reload between requests in a long tunnel applies
@@ -138,7 +138,7 @@ func (g *Gateway) serveInner(w http.ResponseWriter, r *http.Request, t *target, 
 	if st != t.st {
 		dec := st.pol.Decide(t.host, t.port, http.MethodConnect)
 		if dec.Result != policy.Allow {
-			g.refuse(w, rec, block(http.StatusForbidden, dec.Rule, "%s", dec.Reason), start)
+			g.refuse(w, r, rec, block(http.StatusForbidden, dec.Rule, "%s", dec.Reason), start)
 			return
 		}
 		nt := *t
@@ -147,7 +147,7 @@ func (g *Gateway) serveInner(w http.ResponseWriter, r *http.Request, t *target, 
 		rec.Rule = t.rule
 	}
 	if !t.st.limiter.allow(t.host) {
-		g.refuse(w, rec, block(http.StatusTooManyRequests, "rate-limit", "rate limit for %s exceeded", t.host), start)
+		g.refuse(w, r, rec, block(http.StatusTooManyRequests, "rate-limit", "rate limit for %s exceeded", t.host), start)
 		return
 	}
 	if h2 {
@@ -157,7 +157,7 @@ func (g *Gateway) serveInner(w http.ResponseWriter, r *http.Request, t *target, 
 		if !ok {
 			b := block(http.StatusServiceUnavailable, "max-tunnels", "%d connections and streams open, limit %d", n, limit)
 			b.keepConn = true
-			g.refuse(w, rec, b, start)
+			g.refuse(w, r, rec, b, start)
 			return
 		}
 		defer release()
