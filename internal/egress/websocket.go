@@ -148,8 +148,8 @@ type wsSide struct {
 	name    string // "agent" or "upstream", where frames come from
 	src     *bufio.Reader
 	dst     io.Writer
-	mask    bool      // frames written to dst must be masked
-	wantMsk bool      // frames read from src must be masked
+	mask    bool // frames written to dst must be masked
+	wantMsk bool // frames read from src must be masked
 	max     int64
 	// newMsg starts a message's filter; it returns a function taking a
 	// piece of payload (end=true for the last) and returning what may go
