@@ -35,6 +35,7 @@ import (
 	"github.com/nixcage/nixcage/internal/egress/ca"
 	"github.com/nixcage/nixcage/internal/egress/inspect"
 	"github.com/nixcage/nixcage/internal/egress/netguard"
+	"github.com/nixcage/nixcage/internal/egress/redact"
 	"github.com/nixcage/nixcage/internal/egress/secrets"
 	"github.com/nixcage/nixcage/internal/policy"
 )
@@ -60,6 +61,7 @@ type state struct {
 	pol       *policy.Policy
 	secrets   []*secrets.Secret
 	insp      *inspect.Set
+	redact    *redact.Matcher // every form of every real value
 	guard     *netguard.Guard
 	limiter   *limiter
 	intercept []string // inspect patterns plus every secret's hosts
@@ -124,15 +126,22 @@ func (g *Gateway) build(rt *policy.Runtime) (*state, error) {
 	if err != nil {
 		return nil, err
 	}
-	var real []inspect.Value
-	var placeholders []string
+	var forms []redact.Form
+	placeholders := map[string]string{}
 	intercept := append([]string{}, rt.Policy.Inspect...)
 	for _, s := range secs {
-		real = append(real, inspect.Value{Name: s.Name, Value: s.Real})
-		placeholders = append(placeholders, s.Placeholder)
+		fs, err := redact.Forms(s.Name, s.Real, s.Placeholder)
+		if err != nil {
+			return nil, fmt.Errorf("egress config: %w", err)
+		}
+		forms = append(forms, fs...)
+		placeholders[s.Name] = s.Placeholder
 		intercept = append(intercept, s.Hosts...)
 	}
-	insp, err := inspect.New(rt.Policy.Inspectors, real, placeholders)
+	// One list of forms for both directions: what the outbound check
+	// blocks is exactly what responses are redacted of.
+	matcher := redact.New(forms)
+	insp, err := inspect.New(rt.Policy.Inspectors, matcher, placeholders)
 	if err != nil {
 		return nil, fmt.Errorf("egress config: %w", err)
 	}
@@ -149,7 +158,7 @@ func (g *Gateway) build(rt *policy.Runtime) (*state, error) {
 		return nil, fmt.Errorf("egress config: limits must not be negative (0 means the default)")
 	}
 	st := &state{
-		rt: rt, pol: &rt.Policy, secrets: secs, insp: insp, intercept: intercept,
+		rt: rt, pol: &rt.Policy, secrets: secs, insp: insp, intercept: intercept, redact: matcher,
 		guard: &netguard.Guard{
 			UnsafeAllowLoopback: rt.Policy.UnsafeAllowLoopbackUpstreams,
 			UnsafeAllowPrivate:  rt.Policy.UnsafeAllowPrivateUpstreams,
@@ -236,6 +245,17 @@ func (g *Gateway) listenersSnapshot() map[netip.AddrPort]bool {
 		m[k] = true
 	}
 	return m
+}
+
+// bound reports whether some secret is bound to host: its real value may be
+// injected there, so everything coming back is decoded and redacted.
+func (st *state) bound(host string) bool {
+	for _, s := range st.secrets {
+		if policy.MatchAny(s.Hosts, host) != "" {
+			return true
+		}
+	}
+	return false
 }
 
 // intercepts reports whether host is TLS-intercepted under st.

@@ -86,6 +86,8 @@ func (g *Gateway) intercept(raw net.Conn, pre []byte, t *target, rec audit.Recor
 		}
 		return
 	}
+	g.logOpen(rec, t, "intercepted tunnel to "+t.host+" opened", start)
+	rec.Event = audit.EventClose
 	h2 := tc.ConnectionState().NegotiatedProtocol == "h2"
 	l := &oneConnListener{conn: tc, done: make(chan struct{})}
 	var closeOnce sync.Once
@@ -117,16 +119,16 @@ func (g *Gateway) serveInner(w http.ResponseWriter, r *http.Request, t *target, 
 	start := time.Now()
 	rec := audit.Record{Method: r.Method, Host: t.host, Port: t.port, Path: r.URL.Path, Rule: t.rule}
 	if r.Method == http.MethodConnect {
-		g.refuse(w, rec, block(http.StatusForbidden, "connect-in-connect", "CONNECT inside a tunnel is not allowed"), start)
+		g.refuse(w, r, rec, block(http.StatusForbidden, "connect-in-connect", "CONNECT inside a tunnel is not allowed"), start)
 		return
 	}
 	if r.RequestURI != "*" && len(r.RequestURI) > 0 && r.RequestURI[0] != '/' && !h2 {
-		g.refuse(w, rec, block(http.StatusForbidden, "proxy-chaining", "absolute-form request inside a tunnel (proxy chaining) is not allowed"), start)
+		g.refuse(w, r, rec, block(http.StatusForbidden, "proxy-chaining", "absolute-form request inside a tunnel (proxy chaining) is not allowed"), start)
 		return
 	}
 	host, port, err := splitAuthority(r.Host, t.port)
 	if err != nil || host != t.host || port != t.port {
-		g.refuse(w, rec, block(http.StatusMisdirectedRequest, "host-mismatch", "Host %q does not match CONNECT authority %s (domain fronting)", r.Host, hostPort(t.host, t.port)), start)
+		g.refuse(w, r, rec, block(http.StatusMisdirectedRequest, "host-mismatch", "Host %q does not match CONNECT authority %s (domain fronting)", r.Host, hostPort(t.host, t.port)), start)
 		return
 	}
 	// Re-read the state: a reload between requests in a long tunnel applies
@@ -135,7 +137,7 @@ func (g *Gateway) serveInner(w http.ResponseWriter, r *http.Request, t *target, 
 	if st != t.st {
 		dec := st.pol.Decide(t.host, t.port, http.MethodConnect)
 		if dec.Result != policy.Allow {
-			g.refuse(w, rec, block(http.StatusForbidden, dec.Rule, "%s", dec.Reason), start)
+			g.refuse(w, r, rec, block(http.StatusForbidden, dec.Rule, "%s", dec.Reason), start)
 			return
 		}
 		nt := *t
@@ -144,7 +146,7 @@ func (g *Gateway) serveInner(w http.ResponseWriter, r *http.Request, t *target, 
 		rec.Rule = t.rule
 	}
 	if !t.st.limiter.allow(t.host) {
-		g.refuse(w, rec, block(http.StatusTooManyRequests, "rate-limit", "rate limit for %s exceeded", t.host), start)
+		g.refuse(w, r, rec, block(http.StatusTooManyRequests, "rate-limit", "rate limit for %s exceeded", t.host), start)
 		return
 	}
 	tr := g.h1

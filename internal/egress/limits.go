@@ -1,8 +1,6 @@
 package egress
 
 import (
-	"bytes"
-	"io"
 	"sync"
 	"time"
 
@@ -53,109 +51,4 @@ func (l *limiter) allow(host string) bool {
 	}
 	b.tokens--
 	return true
-}
-
-// pair is one replacement the redactor makes.
-type pair struct {
-	name     string
-	from, to []byte
-}
-
-// redactor streams src, replacing every from with its to. It holds back
-// len(longest from)-1 bytes so a value split across reads is still found.
-// Invariant: len(from) == len(to) (placeholders have the real length), so
-// Content-Length stays right.
-type redactor struct {
-	src     io.Reader
-	pairs   []pair
-	keep    int
-	pending []byte
-	out     []byte
-	eof     bool
-	hits    map[string]bool
-	n       int64
-	buf     *[]byte // from copyBufs; returned by release
-}
-
-// release returns the read buffer to the pool; r must not be read after.
-func (r *redactor) release() {
-	if r.buf != nil {
-		copyBufs.Put(r.buf)
-		r.buf = nil
-	}
-}
-
-func newRedactor(src io.Reader, pairs []pair) *redactor {
-	keep := 0
-	for _, p := range pairs {
-		keep = max(keep, len(p.from)-1)
-	}
-	return &redactor{src: src, pairs: pairs, keep: keep, hits: map[string]bool{}}
-}
-
-func (r *redactor) Read(p []byte) (int, error) {
-	for len(r.out) == 0 {
-		if r.eof {
-			if len(r.pending) > 0 {
-				r.process(len(r.pending))
-				continue
-			}
-			return 0, io.EOF
-		}
-		if r.buf == nil {
-			r.buf = copyBufs.Get().(*[]byte)
-		}
-		n, err := r.src.Read(*r.buf)
-		r.pending = append(r.pending, (*r.buf)[:n]...)
-		if err == io.EOF {
-			r.eof = true
-		} else if err != nil {
-			return 0, err
-		}
-		if safe := r.safe(); safe > 0 {
-			r.process(safe)
-		}
-	}
-	n := copy(p, r.out)
-	r.out = r.out[n:]
-	r.n += int64(n)
-	return n, nil
-}
-
-// safe is how much of pending may be emitted now: everything except a tail
-// that could be the start of a value. Holding back only real prefixes (not a
-// fixed window) keeps streamed responses (SSE) flowing event by event.
-func (r *redactor) safe() int {
-	for i := max(0, len(r.pending)-r.keep); i < len(r.pending); i++ {
-		for _, p := range r.pairs {
-			if bytes.HasPrefix(p.from, r.pending[i:]) {
-				return i
-			}
-		}
-	}
-	return len(r.pending)
-}
-
-// process emits pending up to boundary; a match starting before boundary is
-// complete in pending because no from is longer than keep+1.
-func (r *redactor) process(boundary int) {
-	i := 0
-	for i < boundary {
-		best, bi := -1, -1
-		for k, p := range r.pairs {
-			if j := bytes.Index(r.pending[i:], p.from); j >= 0 && (best < 0 || j < best) {
-				best, bi = j, k
-			}
-		}
-		if best < 0 || i+best >= boundary {
-			r.out = append(r.out, r.pending[i:boundary]...)
-			i = boundary
-			break
-		}
-		r.out = append(r.out, r.pending[i:i+best]...)
-		r.out = append(r.out, r.pairs[bi].to...)
-		r.hits[r.pairs[bi].name] = true
-		i += best + len(r.pairs[bi].from)
-	}
-	r.pending = append(r.pending[:0], r.pending[i:]...)
 }

@@ -56,18 +56,6 @@ func block(status int, rule, format string, args ...any) *blockedErr {
 	return &blockedErr{status: status, reason: fmt.Sprintf(format, args...), rule: rule}
 }
 
-// refuse writes a refusal the agent can read and audits it.
-func (g *Gateway) refuse(w http.ResponseWriter, rec audit.Record, b *blockedErr, start time.Time) {
-	rec.Decision, rec.Reason, rec.Rule = audit.Blocked, b.reason, b.rule
-	rec.DurationMS = time.Since(start).Milliseconds()
-	g.logAudit(rec)
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	w.Header().Set("X-Nixcage-Egress", "blocked")
-	w.Header().Set("Connection", "close")
-	w.WriteHeader(b.status)
-	fmt.Fprintf(w, "nixcage egress: blocked: %s\n", b.reason)
-}
-
 func (g *Gateway) logAudit(rec audit.Record) {
 	if err := g.opts.Audit.Log(rec); err != nil {
 		g.log.Error("audit write failed", "err", err)
@@ -85,29 +73,29 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	rec := audit.Record{Method: r.Method, Path: r.URL.Path}
 	if !r.URL.IsAbs() {
 		rec.Host = r.Host
-		g.refuse(w, rec, block(http.StatusBadRequest, "not-a-proxy-request", "this is a forward proxy: send absolute-form requests (http://host/...) or CONNECT"), start)
+		g.refuse(w, r, rec, block(http.StatusBadRequest, "not-a-proxy-request", "this is a forward proxy: send absolute-form requests (http://host/...) or CONNECT"), start)
 		return
 	}
 	if r.URL.Scheme != "http" {
 		rec.Host = r.URL.Hostname()
-		g.refuse(w, rec, block(http.StatusBadRequest, "scheme", "scheme %q: use CONNECT for https", r.URL.Scheme), start)
+		g.refuse(w, r, rec, block(http.StatusBadRequest, "scheme", "scheme %q: use CONNECT for https", r.URL.Scheme), start)
 		return
 	}
 	host, port, err := splitAuthority(r.URL.Host, policy.DefaultHTTPPort)
 	rec.Host, rec.Port = host, port
 	if err != nil {
-		g.refuse(w, rec, block(http.StatusBadRequest, "authority", "%v", err), start)
+		g.refuse(w, r, rec, block(http.StatusBadRequest, "authority", "%v", err), start)
 		return
 	}
 	dec := st.pol.Decide(host, port, r.Method)
 	if dec.Result != policy.Allow {
-		g.refuse(w, rec, block(http.StatusForbidden, dec.Rule, "%s", dec.Reason), start)
+		g.refuse(w, r, rec, block(http.StatusForbidden, dec.Rule, "%s", dec.Reason), start)
 		return
 	}
 	rec.Rule = dec.Rule
 	dst, err := g.resolve(r.Context(), st, host, port)
 	if err != nil {
-		g.refuse(w, rec, resolveBlock(err), start)
+		g.refuse(w, r, rec, resolveBlock(err), start)
 		return
 	}
 	t := &target{st: st, host: host, port: port, dst: dst, rule: dec.Rule}
@@ -147,28 +135,28 @@ func (g *Gateway) handleConnect(w http.ResponseWriter, r *http.Request, st *stat
 	host, port, err := splitAuthority(r.Host, 0)
 	rec.Host, rec.Port = host, port
 	if err != nil {
-		g.refuse(w, rec, block(http.StatusBadRequest, "authority", "CONNECT %v", err), start)
+		g.refuse(w, r, rec, block(http.StatusBadRequest, "authority", "CONNECT %v", err), start)
 		return
 	}
 	for _, h := range chainingHeaders {
 		if r.Header.Get(h) != "" {
-			g.refuse(w, rec, block(http.StatusForbidden, "proxy-chaining", "header %s: proxy chaining is not allowed", h), start)
+			g.refuse(w, r, rec, block(http.StatusForbidden, "proxy-chaining", "header %s: proxy chaining is not allowed", h), start)
 			return
 		}
 	}
 	dec := st.pol.Decide(host, port, http.MethodConnect)
 	if dec.Result != policy.Allow {
-		g.refuse(w, rec, block(http.StatusForbidden, dec.Rule, "%s", dec.Reason), start)
+		g.refuse(w, r, rec, block(http.StatusForbidden, dec.Rule, "%s", dec.Reason), start)
 		return
 	}
 	rec.Rule = dec.Rule
 	if !st.limiter.allow(host) {
-		g.refuse(w, rec, block(http.StatusTooManyRequests, "rate-limit", "rate limit for %s exceeded", host), start)
+		g.refuse(w, r, rec, block(http.StatusTooManyRequests, "rate-limit", "rate limit for %s exceeded", host), start)
 		return
 	}
 	if n := g.tunnels.Add(1); n > int64(st.maxTun) {
 		g.tunnels.Add(-1)
-		g.refuse(w, rec, block(http.StatusServiceUnavailable, "max-tunnels", "%d tunnels open, limit %d", n-1, st.maxTun), start)
+		g.refuse(w, r, rec, block(http.StatusServiceUnavailable, "max-tunnels", "%d tunnels open, limit %d", n-1, st.maxTun), start)
 		return
 	}
 	// The slot is released when the tunnel ends, on whichever goroutine
@@ -181,13 +169,13 @@ func (g *Gateway) handleConnect(w http.ResponseWriter, r *http.Request, st *stat
 	}()
 	dst, err := g.resolve(r.Context(), st, host, port)
 	if err != nil {
-		g.refuse(w, rec, resolveBlock(err), start)
+		g.refuse(w, r, rec, resolveBlock(err), start)
 		return
 	}
 	rc := http.NewResponseController(w)
 	hc, brw, err := rc.Hijack()
 	if err != nil {
-		g.refuse(w, rec, block(http.StatusInternalServerError, "hijack", "cannot take over connection: %v", err), start)
+		g.refuse(w, r, rec, block(http.StatusInternalServerError, "hijack", "cannot take over connection: %v", err), start)
 		return
 	}
 	conn := rawConn(hc)
