@@ -40,6 +40,7 @@ type Backend interface {
 	Accounts() []*config.Account
 	// HasAgent reports whether agent is declared.
 	HasAgent(agent string) bool
+	ConfigBackend
 }
 
 // Backend errors the server maps to D-Bus error names.
@@ -135,6 +136,16 @@ func setIfChanged(p *prop.Properties, iface, name string, v any) {
 	if cur, err := p.Get(iface, name); err == nil && fmt.Sprint(cur.Value()) == fmt.Sprint(v) {
 		return
 	}
+	setProp(p, iface, name, v)
+}
+
+// setProp sets a read-only property. SetMust panics when emitting
+// PropertiesChanged fails, which it does once the connection is closed
+// (shutdown, a lost bus); a status update must never bring caged down
+// (the watchdog handles a lost bus). Names are constants here, so that is
+// the only failure left to swallow.
+func setProp(p *prop.Properties, iface, name string, v any) {
+	defer func() { _ = recover() }()
 	p.SetMust(iface, name, v)
 }
 
@@ -188,7 +199,7 @@ func (s *Server) SetAgents(sts []AgentStatus) error {
 	if s.mgrProps != nil {
 		cur, _ := s.mgrProps.Get(ManagerIface, "Agents")
 		if fmt.Sprint(cur.Value()) != fmt.Sprint(objs) {
-			s.mgrProps.SetMust(ManagerIface, "Agents", objs)
+			setProp(s.mgrProps, ManagerIface, "Agents", objs)
 		}
 	}
 	return nil

@@ -151,7 +151,11 @@ func (d *Daemon) Start(ctx context.Context, agent, by string) error {
 	_ = d.sd.ResetFailedUnitContext(ctx, unit)
 	d.log.Info("start agent", "agent", agent, "by", by)
 	err := d.units.Start(ctx, unit)
-	if err == nil {
+	if err != nil {
+		if a := d.config().Agent(agent); a != nil {
+			err = fmt.Errorf("%w%s", err, d.secretHint(ctx, a))
+		}
+	} else {
 		gen, _ := d.storeCurrent()
 		d.mu.Lock()
 		d.agentGen[agent] = gen
@@ -169,16 +173,22 @@ func (d *Daemon) Stop(ctx context.Context, agent, by string) error {
 	return err
 }
 
-// Restart restarts an agent.
+// Restart restarts an agent's whole cage: the prepare step re-runs (so a
+// changed secret source or placeholder is picked up), the gateway re-reads
+// its credentials, and the agent starts again (also if it was down).
 func (d *Daemon) Restart(ctx context.Context, agent, by string) error {
 	if err := d.refuseQuarantined(agent); err != nil {
 		return err
 	}
 	d.log.Info("restart agent", "agent", agent, "by", by)
-	unit := paths.Instance(paths.AgentTemplate, agent)
-	_ = d.sd.ResetFailedUnitContext(ctx, unit)
-	err := d.units.Restart(ctx, unit)
-	if err == nil {
+	d.op.Lock()
+	err := d.restartCage(ctx, agent, true)
+	d.op.Unlock()
+	if err != nil {
+		if a := d.config().Agent(agent); a != nil {
+			err = fmt.Errorf("%w%s", err, d.secretHint(ctx, a))
+		}
+	} else {
 		gen, _ := d.storeCurrent()
 		d.mu.Lock()
 		d.agentGen[agent] = gen
