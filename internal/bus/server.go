@@ -97,6 +97,10 @@ func (s *Server) Export(mp ManagerProps) error {
 		"Channel":        {Value: mp.Channel, Emit: prop.EmitTrue},
 		"Agents":         {Value: []dbus.ObjectPath{}, Emit: prop.EmitTrue},
 		"ReconcileError": {Value: "", Emit: prop.EmitTrue},
+		// The current generation's expiry and "none", "ok", "expiring" or
+		// "expired": a monitor watches these for a frozen channel.
+		"GenerationExpires": {Value: int64(0), Emit: prop.EmitTrue},
+		"Freshness":         {Value: "none", Emit: prop.EmitTrue},
 	}})
 	if err != nil {
 		return fmt.Errorf("export properties: %w", err)
@@ -127,6 +131,12 @@ func (s *Server) SetManager(generation uint64, channel, reconcileErr string) {
 	setIfChanged(s.mgrProps, ManagerIface, "Generation", generation)
 	setIfChanged(s.mgrProps, ManagerIface, "Channel", channel)
 	setIfChanged(s.mgrProps, ManagerIface, "ReconcileError", reconcileErr)
+}
+
+// SetFreshness updates the current generation's expiry properties.
+func (s *Server) SetFreshness(expiresUnix int64, freshness string) {
+	setIfChanged(s.mgrProps, ManagerIface, "GenerationExpires", expiresUnix)
+	setIfChanged(s.mgrProps, ManagerIface, "Freshness", freshness)
 }
 
 func setIfChanged(p *prop.Properties, iface, name string, v any) {
@@ -292,6 +302,8 @@ func fail(err error) *dbus.Error {
 		return newError(ErrorInvalid, "%v", err)
 	case errors.Is(err, ErrIsQuarantined):
 		return newError(ErrorQuarantined, "%v", err)
+	case errors.Is(err, ErrIO):
+		return newError(ErrorIO, "%v", err)
 	}
 	return newError(ErrorFailed, "%v", err)
 }

@@ -170,15 +170,8 @@ func (r *renderer) templates() {
 		"StateDirectoryMode", "0755",
 	)
 	prep.add(baseHardening()...)
+	prep.add(offlineHelper()...)
 	prep.add(
-		"PrivateNetwork", "yes",
-		"RestrictAddressFamilies", "AF_UNIX",
-		"CapabilityBoundingSet", "",
-		"SystemCallFilter", "@system-service",
-		"SystemCallFilter", denySyscalls,
-		"MemoryDenyWriteExecute", "yes",
-		"DevicePolicy", "closed",
-		"IPAddressDeny", "any",
 		// The prepare step writes the CA key (0600) and placeholders; the
 		// agent's workspace is created here so its owner can be fixed later.
 		"UMask", "0022",
@@ -186,6 +179,30 @@ func (r *renderer) templates() {
 	r.unit(paths.PrepTemplate,
 		sec("Unit", append([]string{"Description", "nixcage prepare cage %i (CA, placeholders, resolv.conf)"}, shutdown...)...),
 		prep,
+	)
+
+	// Run again at every start of a service-backend agent (a oneshot that
+	// does not remain active is restarted by each Requires=): systemd binds
+	// the store sources itself and follows links on the host, so this
+	// refuses the start when a link leads out of the store. Not an
+	// ExecStartPre=+ of the agent: "+" lifts the sandbox but not
+	// RootDirectory=, and in the skeleton root the store is not there to
+	// check (found by checks/system).
+	binds := sec("Service",
+		"Type", "oneshot",
+		"ExecStart", quoteCmd([]string{r.bin("cagectl"), "store", "binds", "--store", r.storeRoot(), "--for", "service"}),
+	)
+	binds.add(baseHardening()...)
+	binds.add(offlineHelper()...)
+	r.unit(paths.BindsTemplate,
+		sec("Unit",
+			"Description", "nixcage store bind check for cage %i (no link out of the store)",
+			"DefaultDependencies", "no",
+			"Conflicts", "shutdown.target",
+			"Before", "shutdown.target",
+			"After", "local-fs.target",
+		),
+		binds,
 	)
 
 	deps := strings.Join([]string{paths.Instance(paths.NetnsTemplate, "%i"), paths.Instance(paths.PrepTemplate, "%i")}, " ")
@@ -350,6 +367,21 @@ func marshal(v any) ([]byte, error) {
 
 // join renders a command line of nixcage's own words, which may carry
 // specifiers such as %i on purpose.
+// offlineHelper confines a helper that needs no network, no capability and
+// no device: the prepare step and the store bind check.
+func offlineHelper() []string {
+	return []string{
+		"PrivateNetwork", "yes",
+		"RestrictAddressFamilies", "AF_UNIX",
+		"CapabilityBoundingSet", "",
+		"SystemCallFilter", "@system-service",
+		"SystemCallFilter", denySyscalls,
+		"MemoryDenyWriteExecute", "yes",
+		"DevicePolicy", "closed",
+		"IPAddressDeny", "any",
+	}
+}
+
 func join(argv ...string) string { return strings.Join(argv, " ") }
 
 // quoteCmd renders argv for Exec*= lines: every word double-quoted, with
