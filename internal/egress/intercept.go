@@ -101,7 +101,7 @@ func (g *Gateway) intercept(raw net.Conn, pre []byte, t *target, rec audit.Recor
 				closeOnce.Do(func() { close(l.done) })
 			}
 		}),
-		ReadHeaderTimeout: 30 * time.Second,
+		ReadHeaderTimeout: headerTimeout,
 		IdleTimeout:       t.st.idle,
 		MaxHeaderBytes:    t.st.maxHeader + 4096,
 		ConnState: func(_ net.Conn, s http.ConnState) {
@@ -117,6 +117,7 @@ func (g *Gateway) intercept(raw net.Conn, pre []byte, t *target, rec audit.Recor
 	p.SetHTTP1(true)
 	p.SetHTTP2(true)
 	srv.Protocols = &p
+	srv.HTTP2 = h2Limits
 	if err := srv.Serve(l); err != nil && !errors.Is(err, net.ErrClosed) {
 		g.log.Debug("intercepted connection ended", "host", t.host, "err", err)
 	}
@@ -158,6 +159,19 @@ func (g *Gateway) serveInner(w http.ResponseWriter, r *http.Request, t *target, 
 		g.refuse(w, r, rec, block(http.StatusTooManyRequests, "rate-limit", "rate limit for %s exceeded", t.host), start)
 		return
 	}
+	if h2 {
+		// Each HTTP/2 stream holds gateway memory like a connection does,
+		// so it takes a slot of its own (the tunnel holds one already).
+		release, n, limit, ok := g.acquire()
+		if !ok {
+			b := block(http.StatusServiceUnavailable, "max-tunnels", "%d connections and streams open, limit %d", n, limit)
+			b.keepConn = true
+			g.refuse(w, r, rec, b, start)
+			return
+		}
+		defer release()
+	}
+	g.limitBody(w, r, t.st)
 	tr := g.h1
 	if h2 {
 		tr = g.h2

@@ -104,7 +104,9 @@ func writeDenial(w http.ResponseWriter, r *http.Request, b *blockedErr) {
 	h := w.Header()
 	h.Set("X-Nixcage-Egress", "blocked")
 	h.Set("X-Nixcage-Rule", b.rule)
-	h.Set("Connection", "close")
+	if !b.keepConn {
+		h.Set("Connection", "close")
+	}
 	h.Set("Cache-Control", "no-store")
 	if wantsJSON(r) {
 		typ := "permission_error"
