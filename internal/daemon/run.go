@@ -670,17 +670,18 @@ func (d *Daemon) auditSummary(name string, sum *bus.RunSummary) {
 	}
 	hosts := map[string]bool{}
 	for _, l := range lines {
-		var rec record
+		var rec auditlog.Record
 		if json.Unmarshal([]byte(l), &rec) != nil {
 			continue
 		}
+		n := rec.Decisions() // 0 for a tunnel's close record
 		switch rec.Decision {
-		case "allowed":
-			sum.Allowed++
-		case "flagged":
-			sum.Flagged++
-		case "blocked":
-			sum.Blocked++
+		case auditlog.Allowed:
+			sum.Allowed += n
+		case auditlog.Flagged:
+			sum.Flagged += n
+		case auditlog.Blocked:
+			sum.Blocked += n
 			if rec.Host != "" {
 				hosts[rec.Host] = true
 			}
