@@ -635,7 +635,9 @@ func (d *Daemon) exitStatus(ctx context.Context, unit string) (int32, string) {
 // teardownRun stops every unit of the run and removes every file it
 // installed (from its manifest) and its state, except the audit log.
 func (d *Daemon) teardownRun(ctx context.Context, r *run) {
-	us := reconcile.AgentUnits(r.name)
+	// The store-bind check runs per start and does not stay active; it
+	// may have failed.
+	us := append(reconcile.AgentUnits(r.name), paths.Instance(paths.BindsTemplate, r.name))
 	for i := len(us) - 1; i >= 0; i-- {
 		if err := d.units.Stop(ctx, us[i]); err != nil && !reconcile.IsNoSuchUnit(err) {
 			d.log.Warn("teardown: stop", "unit", us[i], "err", err)
