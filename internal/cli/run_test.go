@@ -13,9 +13,9 @@ import (
 // opened or sent.
 func TestParseRun(t *testing.T) {
 	cases := []struct {
-		name string
-		args []string
-		want string // in the error; "" means it parses
+		name  string
+		args  []string
+		want  string // in the error; "" means it parses
 		check func(t *testing.T, s *runSpec)
 	}{
 		{name: "command after --", args: []string{"--policy", "claude-code", "--", "claude", "--verbose"}, check: func(t *testing.T, s *runSpec) {
