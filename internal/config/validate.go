@@ -164,6 +164,9 @@ func (v *validator) build(files []*fileV1) *Config {
 	sort.Strings(names)
 	for _, n := range names {
 		v.policies[n] = v.resolvePolicy(n, &v.named[n].policy)
+		if rp := v.policies[n]; rp != nil {
+			cfg.Policies = append(cfg.Policies, rp.p)
+		}
 	}
 
 	seenAgent := map[string]hcl.Range{}
@@ -530,6 +533,11 @@ func (v *validator) resolvePolicy(name string, p *policyV1) *resolvedPolicy {
 		}
 	}
 	v.denyBelowNotes(name, p.Body, out.Allow, out.Deny)
+	out.WebSocket = DefaultWebSocket
+	if p.WebSocket != nil {
+		out.WebSocket = *p.WebSocket
+	}
+	out.HTTPRules = v.httpRules(name, p.HTTPRules, out.Inspect)
 	for _, h := range out.Inspect {
 		// An inspect pattern must be covered by allow: "*.x" needs "*.x",
 		// an exact name needs a pattern matching it.

@@ -22,8 +22,19 @@ var _ bus.Backend = (*Daemon)(nil)
 // Accounts implements bus.Backend.
 func (d *Daemon) Accounts() []*config.Account { return d.config().Accounts }
 
-// HasAgent implements bus.Backend.
-func (d *Daemon) HasAgent(agent string) bool { return d.config().Agent(agent) != nil }
+// HasAgent implements bus.Backend: declared agents and running throw-away
+// cages (which may be stopped, killed and audited like agents).
+func (d *Daemon) HasAgent(agent string) bool {
+	return d.config().Agent(agent) != nil || d.runByName(agent) != nil
+}
+
+// refuseRun refuses what only makes sense for a declared agent.
+func (d *Daemon) refuseRun(agent, what string) error {
+	if d.runByName(agent) != nil {
+		return fmt.Errorf("%w: %s is a throw-away cage (cagectl run); it cannot be %s, only stopped or killed", bus.ErrInvalid, agent, what)
+	}
+	return nil
+}
 
 // Status answers from caged's cache of unit states (kept current by
 // systemd's PropertiesChanged signals and refreshed after every operation
@@ -55,6 +66,7 @@ func (d *Daemon) Status(ctx context.Context) (*bus.Status, error) {
 	for _, a := range cfg.Agents {
 		st.Agents = append(st.Agents, d.agentStatusWith(a, marks[a.Name]))
 	}
+	st.Agents = append(st.Agents, d.runStatuses()...)
 	return st, nil
 }
 
@@ -152,6 +164,9 @@ func (d *Daemon) refresh(ctx context.Context, agent string) {
 // Start starts an agent (its namespace, gateway sockets and prepare step
 // come with it through Requires=).
 func (d *Daemon) Start(ctx context.Context, agent, by string) error {
+	if err := d.refuseRun(agent, "started again"); err != nil {
+		return err
+	}
 	if err := d.refuseQuarantined(agent); err != nil {
 		return err
 	}
@@ -161,7 +176,11 @@ func (d *Daemon) Start(ctx context.Context, agent, by string) error {
 	_ = d.sd.ResetFailedUnitContext(ctx, unit)
 	d.log.Info("start agent", "agent", agent, "by", by)
 	err := d.units.Start(ctx, unit)
-	if err == nil {
+	if err != nil {
+		if a := d.config().Agent(agent); a != nil {
+			err = fmt.Errorf("%w%s", err, d.secretHint(ctx, a))
+		}
+	} else {
 		gen, _ := d.storeCurrent()
 		d.mu.Lock()
 		d.agentGen[agent] = gen
@@ -179,16 +198,25 @@ func (d *Daemon) Stop(ctx context.Context, agent, by string) error {
 	return err
 }
 
-// Restart restarts an agent.
+// Restart restarts an agent's whole cage: the prepare step re-runs (so a
+// changed secret source or placeholder is picked up), the gateway re-reads
+// its credentials, and the agent starts again (also if it was down).
 func (d *Daemon) Restart(ctx context.Context, agent, by string) error {
+	if err := d.refuseRun(agent, "restarted"); err != nil {
+		return err
+	}
 	if err := d.refuseQuarantined(agent); err != nil {
 		return err
 	}
 	d.log.Info("restart agent", "agent", agent, "by", by)
-	unit := paths.Instance(paths.AgentTemplate, agent)
-	_ = d.sd.ResetFailedUnitContext(ctx, unit)
-	err := d.units.Restart(ctx, unit)
-	if err == nil {
+	d.op.Lock()
+	err := d.restartCage(ctx, agent, true)
+	d.op.Unlock()
+	if err != nil {
+		if a := d.config().Agent(agent); a != nil {
+			err = fmt.Errorf("%w%s", err, d.secretHint(ctx, a))
+		}
+	} else {
 		gen, _ := d.storeCurrent()
 		d.mu.Lock()
 		d.agentGen[agent] = gen
@@ -213,6 +241,9 @@ func (d *Daemon) Kill(ctx context.Context, agent, by string) error {
 
 // Quarantine takes the agent out of service and preserves evidence.
 func (d *Daemon) Quarantine(ctx context.Context, agent, reason, by string) (string, error) {
+	if err := d.refuseRun(agent, "quarantined (stop or kill it; its audit stays)"); err != nil {
+		return "", err
+	}
 	d.op.Lock()
 	defer d.op.Unlock()
 	a := d.config().Agent(agent)
