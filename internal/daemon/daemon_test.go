@@ -3,11 +3,13 @@ package daemon_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -254,5 +256,71 @@ func TestApplyWithoutStoreIsAClearError(t *testing.T) {
 	_, err := c.Client().Apply(context.Background(), "/nonexistent")
 	if err == nil || !strings.Contains(err.Error(), "declare store") {
 		t.Fatalf("apply without a store block: %v", err)
+	}
+}
+
+// A quarantine never waits behind another agent's evidence copy: while
+// alpha's copy is held back, beta's quarantine stops beta and cuts its
+// egress, and returns. The order is asserted from the daemon's own
+// events and the fake systemd's unit states, not from timing.
+func TestQuarantinesDoNotWaitForEachOthersEvidence(t *testing.T) {
+	c := daemontest.Start(t, twoAgents)
+	cl := c.Client()
+	ctx := context.Background()
+	if err := cl.Start(ctx, "beta"); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu     sync.Mutex
+		events []string
+	)
+	note := func(s string) {
+		mu.Lock()
+		events = append(events, s)
+		mu.Unlock()
+	}
+	alphaContained, betaContained := make(chan struct{}), make(chan struct{})
+	c.Contained = func(agent string) {
+		a, _ := c.SD.State(unit(agent))
+		e, _ := c.SD.State(paths.Instance(paths.EgressTemplate, agent))
+		p, _ := c.SD.State(paths.Instance(paths.ProxySocketTpl, agent))
+		note(fmt.Sprintf("%s contained: agent %s, gateway %s, proxy socket %s", agent, a, e, p))
+		switch agent {
+		case "alpha":
+			close(alphaContained)
+			// Hold alpha's copy until beta is contained. Before the fix
+			// beta's quarantine waited on caged's operation lock, held
+			// across this copy, and this gives up.
+			select {
+			case <-betaContained:
+				note("alpha copies its evidence")
+			case <-time.After(30 * time.Second):
+				note("alpha gave up: beta was not contained while alpha's copy was pending")
+			}
+		case "beta":
+			close(betaContained)
+		}
+	}
+	alphaErr := make(chan error, 1)
+	go func() {
+		_, err := cl.Quarantine(ctx, "alpha", "first")
+		alphaErr <- err
+	}()
+	<-alphaContained
+	if _, err := c.Client().Quarantine(ctx, "beta", "second"); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-alphaErr; err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	want := []string{
+		"alpha contained: agent inactive, gateway inactive, proxy socket inactive",
+		"beta contained: agent inactive, gateway inactive, proxy socket inactive",
+		"alpha copies its evidence",
+	}
+	if !slices.Equal(events, want) {
+		t.Errorf("events:\n got %q\nwant %q", events, want)
 	}
 }
