@@ -185,6 +185,7 @@ func shippedPolicy(t testing.TB, dir string) string {
 
 func start(t testing.TB, agents int) *harness {
 	t.Helper()
+	testenv.RequireRoot(t, "the shipped D-Bus policy lets only root own org.nixcage.*, and the tests call as root, caged's implicit admin")
 	polDir := t.TempDir()
 	b := bustest.Start(t, bustest.Options{Include: []string{shippedPolicy(t, polDir)}})
 	be := &fakeBackend{accounts: []*config.Account{

@@ -46,28 +46,17 @@ var reservedEnv = map[string]bool{
 	"NIXCAGE_AGENT": true, "LD_PRELOAD": true, "LD_LIBRARY_PATH": true,
 }
 
-// Defaults, in one place so docs/config.md can quote them.
+// Defaults of the agent and store model, in one place so docs/config.md can
+// quote them. The egress policy's defaults live with its model, in package
+// policy (policy.DefaultMaxTunnels, ...).
 const (
-	DefaultMemory         = "2G"
-	DefaultTasks          = 512
-	DefaultPort           = 443
-	DefaultRatePerSecond  = 20.0
-	DefaultRateBurst      = 40
-	DefaultMaxTunnels     = 64
-	DefaultMaxHeaderBytes = 64 << 10
-	DefaultMaxBodyBytes   = 32 << 20
-	DefaultIdleTimeout    = 5 * time.Minute
-	DefaultEntropy        = 4.5
-	DefaultBlobMinLength  = 512
-	DefaultMaxLabelLength = 63
-	DefaultGenerations    = 3
-	DefaultPolicy         = "none"
-	DefaultSecretHeader   = "Authorization"
+	DefaultMemory       = "2G"
+	DefaultTasks        = 512
+	DefaultPort         = 443
+	DefaultGenerations  = 3
+	DefaultPolicy       = "none"
+	DefaultSecretHeader = "Authorization"
 )
-
-// DefaultDNSDenyTypes are refused even for allowed names: zone transfers and
-// ANY only help enumeration and amplification.
-var DefaultDNSDenyTypes = []string{"ANY", "AXFR", "IXFR"}
 
 type validator struct {
 	loader *Loader
@@ -83,13 +72,39 @@ type resolvedPolicy struct {
 }
 
 func (v *validator) errorf(rng hcl.Range, summary, detail string, args ...any) {
+	v.diag(hcl.DiagError, rng, summary, fmt.Sprintf(detail, args...))
+}
+
+// warnf notes something valid the operator may not expect.
+func (v *validator) warnf(rng hcl.Range, summary, detail string, args ...any) {
+	v.diag(hcl.DiagWarning, rng, summary, fmt.Sprintf(detail, args...))
+}
+
+func (v *validator) diag(sev hcl.DiagnosticSeverity, rng hcl.Range, summary, detail string) {
 	r := rng
-	v.diags = append(v.diags, &hcl.Diagnostic{
-		Severity: hcl.DiagError,
-		Summary:  summary,
-		Detail:   fmt.Sprintf(detail, args...),
-		Subject:  &r,
-	})
+	v.diags = append(v.diags, &hcl.Diagnostic{Severity: sev, Summary: summary, Detail: detail, Subject: &r})
+}
+
+// denyBelowNotes explains the deny rule where a policy would have been read
+// otherwise before it: an exact deny entry covers every name below it
+// (policy.Covers), so names an allow wildcard or an allowed subdomain let
+// through under the old reading are refused now. A warning, not an error:
+// the config is valid and stricter than before.
+func (v *validator) denyBelowNotes(name string, body hcl.Body, allow, deny []string) {
+	for _, d := range deny {
+		if strings.HasPrefix(d, "*.") {
+			continue // a wildcard always meant its subdomains
+		}
+		for _, a := range allow {
+			below := "x." + d
+			switch {
+			case a != d && policy.Covers(d, a) && !strings.HasPrefix(a, "*."):
+				v.warnf(at(body, "deny"), "Deny covers an allowed name", "egress_policy %q: deny %q also refuses every name below it, so allow %q is refused (CONNECT, HTTP and DNS). Remove %q from allow, or narrow the deny entry.", name, d, a, a)
+			case policy.Match(a, below):
+				v.warnf(at(body, "deny"), "Deny covers the names below it", "egress_policy %q: deny %q refuses %s and every name below it (e.g. %s), which allow %q would otherwise let through (CONNECT, HTTP and DNS). A deny entry stands for whoever runs that name, and they run the names below it too.", name, d, d, below, a)
+			}
+		}
+	}
 }
 
 // at returns the source range of attribute name in body, or of the block
@@ -455,7 +470,7 @@ func (v *validator) secret(agent string, s *secretV1, rp *resolvedPolicy, envs m
 			v.errorf(hr, "Invalid host", "agent %q: secret %q: %v.", agent, s.Name, err)
 			continue
 		}
-		if policy.MatchAny(rp.p.Deny, h) != "" || policy.MatchAny(rp.p.Allow, h) == "" {
+		if policy.MatchDeny(rp.p.Deny, h) != "" || policy.MatchAny(rp.p.Allow, h) == "" {
 			v.errorf(hr, "Credential host not allowed", "agent %q: secret %q is bound to %s, which policy %q does not allow. Add it to allow, or remove it from the secret's hosts.", agent, s.Name, h, rp.p.Name)
 		} else if policy.MatchAny(rp.p.Inspect, h) == "" {
 			v.errorf(hr, "Credential host not inspected", "agent %q: secret %q is bound to %s, but policy %q does not inspect it; the gateway can only inject a credential into requests it has inspected. Add %q to inspect.", agent, s.Name, h, rp.p.Name, h)
@@ -472,16 +487,16 @@ func (v *validator) resolvePolicy(name string, p *policyV1) *resolvedPolicy {
 		Ports:   p.Ports,
 		Inspect: nonNil(p.Inspect),
 		RateLimit: policy.RateLimit{
-			PerSecond: DefaultRatePerSecond,
-			Burst:     DefaultRateBurst,
+			PerSecond: policy.DefaultRatePerSecond,
+			Burst:     policy.DefaultRateBurst,
 		},
 		Limits: policy.Limits{
-			MaxTunnels:         DefaultMaxTunnels,
-			MaxHeaderBytes:     DefaultMaxHeaderBytes,
-			MaxBodyBytes:       DefaultMaxBodyBytes,
-			IdleTimeoutSeconds: int(DefaultIdleTimeout / time.Second),
+			MaxTunnels:         policy.DefaultMaxTunnels,
+			MaxHeaderBytes:     policy.DefaultMaxHeaderBytes,
+			MaxBodyBytes:       policy.DefaultMaxBodyBytes,
+			IdleTimeoutSeconds: policy.DefaultIdleTimeoutSeconds,
 		},
-		DNS: policy.DNS{Enabled: true, DenyTypes: append([]string(nil), DefaultDNSDenyTypes...), MaxLabelLength: DefaultMaxLabelLength},
+		DNS: policy.DNS{Enabled: true, DenyTypes: append([]string(nil), policy.DefaultDNSDenyTypes...), MaxLabelLength: policy.DefaultMaxLabelLength},
 	}
 	if len(out.Ports) == 0 {
 		out.Ports = []int{DefaultPort}
@@ -511,6 +526,7 @@ func (v *validator) resolvePolicy(name string, p *policyV1) *resolvedPolicy {
 			v.errorf(at(p.Body, "deny"), "Conflicting host rules", "egress_policy %q: %q is in both allow and deny. Deny always wins; remove it from one list to say what you mean.", name, h)
 		}
 	}
+	v.denyBelowNotes(name, p.Body, out.Allow, out.Deny)
 	for _, h := range out.Inspect {
 		// An inspect pattern must be covered by allow: "*.x" needs "*.x",
 		// an exact name needs a pattern matching it.
@@ -617,8 +633,8 @@ func (v *validator) inspectors(name string, p *policyV1, maxBody int64) []policy
 		policy.InspectRealValues:     {Name: policy.InspectRealValues, Action: policy.ActionBlock},
 		policy.InspectSecretPatterns: {Name: policy.InspectSecretPatterns, Action: policy.ActionBlock},
 		policy.InspectBodySize:       {Name: policy.InspectBodySize, Action: policy.ActionBlock, MaxBytes: maxBody},
-		policy.InspectEntropy:        {Name: policy.InspectEntropy, Action: policy.ActionFlag, Threshold: DefaultEntropy},
-		policy.InspectEncodedBlobs:   {Name: policy.InspectEncodedBlobs, Action: policy.ActionFlag, MinLength: DefaultBlobMinLength},
+		policy.InspectEntropy:        {Name: policy.InspectEntropy, Action: policy.ActionFlag, Threshold: policy.DefaultEntropyBits},
+		policy.InspectEncodedBlobs:   {Name: policy.InspectEncodedBlobs, Action: policy.ActionFlag, MinLength: policy.DefaultBlobMinLength},
 	}
 	seen := map[string]bool{}
 	for _, in := range p.Inspectors {

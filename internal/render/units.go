@@ -11,6 +11,15 @@ import (
 	"github.com/nixcage/nixcage/internal/paths"
 )
 
+// The gateway's resource ceiling (cage-egress@.service). Its own bounds keep
+// it far below: TestFloodRSS measures the peak RSS under a flood of every
+// kind at the default limits (docs/egress.md, "Limits").
+const (
+	gatewayMemoryMax  = "512M"
+	gatewayGoMemLimit = "384MiB"
+	gatewayTasksMax   = "128"
+)
+
 func (r *renderer) bin(name string) string { return filepath.Join(r.o.BinDir, name) }
 
 func (r *renderer) cagedConfig() string {
@@ -229,6 +238,16 @@ func (r *renderer) templates() {
 		"MemoryDenyWriteExecute", "yes",
 		"DevicePolicy", "closed",
 		"LimitNOFILE", "65536",
+		// The cage must not be able to take the host's memory through its
+		// gateway: the gateway bounds what it holds (max_tunnels slots,
+		// read timeouts, HTTP/2 stream and window limits; docs/egress.md
+		// states the measured bound), and the kernel enforces a ceiling
+		// above that. GOMEMLIMIT makes the Go GC work harder well before it.
+		// An OOM kill fails closed: the cage loses the network, the open
+		// tunnels' audit records are already written.
+		"MemoryMax", gatewayMemoryMax,
+		"Environment", "GOMEMLIMIT="+gatewayGoMemLimit,
+		"TasksMax", gatewayTasksMax,
 	)
 	r.unit(paths.EgressTemplate,
 		sec("Unit",
