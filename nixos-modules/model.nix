@@ -50,6 +50,7 @@ let
     store = lib.mapNullable (s: clean {
       inherit (s) root channel keys threshold generations;
       nix_keys = s.nixKeys;
+      expiry_warning = s.expiryWarning;
     }) cfg.store;
   };
 in

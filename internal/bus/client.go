@@ -107,27 +107,30 @@ func (c *Client) Status(ctx context.Context) (*Status, error) {
 // slower for a thousand agents. Any mismatch falls back to dbus.Store.
 func decodeStatus(v any) (*Status, bool) {
 	f, ok := v.([]any)
-	if !ok || len(f) != 9 {
+	if !ok || len(f) != 12 {
 		return nil, false
 	}
 	st := &Status{}
-	var ok2 [8]bool
+	var ok2 [11]bool
 	st.Version, ok2[0] = f[0].(string)
 	st.Mode, ok2[1] = f[1].(string)
 	st.Config, ok2[2] = f[2].(string)
 	st.Generation, ok2[3] = f[3].(uint64)
 	st.Channel, ok2[4] = f[4].(string)
-	st.StartedUnix, ok2[5] = f[5].(int64)
-	st.ReconciledUnix, ok2[6] = f[6].(int64)
-	st.ReconcileError, ok2[7] = f[7].(string)
+	st.GenerationExpiresUnix, ok2[5] = f[5].(int64)
+	st.Freshness, ok2[6] = f[6].(string)
+	st.FreshnessMessage, ok2[7] = f[7].(string)
+	st.StartedUnix, ok2[8] = f[8].(int64)
+	st.ReconciledUnix, ok2[9] = f[9].(int64)
+	st.ReconcileError, ok2[10] = f[10].(string)
 	for _, b := range ok2 {
 		if !b {
 			return nil, false
 		}
 	}
-	agents, ok := f[8].([][]any)
+	agents, ok := f[11].([][]any)
 	if !ok {
-		generic, ok := f[8].([]any)
+		generic, ok := f[11].([]any)
 		if !ok {
 			return nil, false
 		}

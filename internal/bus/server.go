@@ -41,6 +41,7 @@ type Backend interface {
 	Accounts() []*config.Account
 	// HasAgent reports whether agent is declared.
 	HasAgent(agent string) bool
+	ConfigBackend
 }
 
 // Backend errors the server maps to D-Bus error names.
@@ -102,6 +103,10 @@ func (s *Server) Export(mp ManagerProps) error {
 		"Channel":        {Value: mp.Channel, Emit: prop.EmitTrue},
 		"Agents":         {Value: []dbus.ObjectPath{}, Emit: prop.EmitTrue},
 		"ReconcileError": {Value: "", Emit: prop.EmitTrue},
+		// The current generation's expiry and "none", "ok", "expiring" or
+		// "expired": a monitor watches these for a frozen channel.
+		"GenerationExpires": {Value: int64(0), Emit: prop.EmitTrue},
+		"Freshness":         {Value: "none", Emit: prop.EmitTrue},
 	}})
 	if err != nil {
 		return fmt.Errorf("export properties: %w", err)
@@ -137,6 +142,12 @@ func (s *Server) SetManager(generation uint64, channel, reconcileErr string) {
 	setIfChanged(s.mgrProps, ManagerIface, "ReconcileError", reconcileErr)
 }
 
+// SetFreshness updates the current generation's expiry properties.
+func (s *Server) SetFreshness(expiresUnix int64, freshness string) {
+	setIfChanged(s.mgrProps, ManagerIface, "GenerationExpires", expiresUnix)
+	setIfChanged(s.mgrProps, ManagerIface, "Freshness", freshness)
+}
+
 func setIfChanged(p *prop.Properties, iface, name string, v any) {
 	if p == nil {
 		return
@@ -144,6 +155,16 @@ func setIfChanged(p *prop.Properties, iface, name string, v any) {
 	if cur, err := p.Get(iface, name); err == nil && fmt.Sprint(cur.Value()) == fmt.Sprint(v) {
 		return
 	}
+	setProp(p, iface, name, v)
+}
+
+// setProp sets a read-only property. SetMust panics when emitting
+// PropertiesChanged fails, which it does once the connection is closed
+// (shutdown, a lost bus); a status update must never bring caged down
+// (the watchdog handles a lost bus). Names are constants here, so that is
+// the only failure left to swallow.
+func setProp(p *prop.Properties, iface, name string, v any) {
+	defer func() { _ = recover() }()
 	p.SetMust(iface, name, v)
 }
 
@@ -197,7 +218,7 @@ func (s *Server) SetAgents(sts []AgentStatus) error {
 	if s.mgrProps != nil {
 		cur, _ := s.mgrProps.Get(ManagerIface, "Agents")
 		if fmt.Sprint(cur.Value()) != fmt.Sprint(objs) {
-			s.mgrProps.SetMust(ManagerIface, "Agents", objs)
+			setProp(s.mgrProps, ManagerIface, "Agents", objs)
 		}
 	}
 	return nil
@@ -375,6 +396,8 @@ func fail(err error) *dbus.Error {
 		return newError(ErrorInvalid, "%v", err)
 	case errors.Is(err, ErrIsQuarantined):
 		return newError(ErrorQuarantined, "%v", err)
+	case errors.Is(err, ErrIO):
+		return newError(ErrorIO, "%v", err)
 	}
 	return newError(ErrorFailed, "%v", err)
 }

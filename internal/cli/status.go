@@ -83,6 +83,12 @@ func printStatus(env *Env, st *bus.Status) {
 	}
 	fmt.Fprintf(env.Out, "caged %s, units %s, store generation %s, up since %s\n", st.Version, st.Mode, gen,
 		time.Unix(st.StartedUnix, 0).UTC().Format(time.RFC3339))
+	switch st.Freshness {
+	case "expired":
+		fmt.Fprintf(env.Out, "store EXPIRED: %s\n", st.FreshnessMessage)
+	case "expiring":
+		fmt.Fprintf(env.Out, "store expiring: %s\n", st.FreshnessMessage)
+	}
 	if st.ReconcileError != "" {
 		fmt.Fprintf(env.Out, "last reconcile FAILED: %s\n", st.ReconcileError)
 	}

@@ -80,6 +80,7 @@ func Canonical(cfg *Config) ([]byte, error) {
 		m := map[string]any{
 			"root": s.Root, "channel": s.Channel, "keys": s.Keys,
 			"threshold": s.Threshold, "generations": s.Generations,
+			"expiry_warning": s.ExpiryWarning.String(),
 		}
 		if len(s.NixKeys) > 0 {
 			m["nix_keys"] = s.NixKeys

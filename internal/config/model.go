@@ -1,6 +1,10 @@
 package config
 
-import "github.com/nixcage/nixcage/internal/policy"
+import (
+	"time"
+
+	"github.com/nixcage/nixcage/internal/policy"
+)
 
 // Config is the validated, normalized model every other package consumes.
 // Everything in it has been checked; defaults are filled in.
@@ -87,6 +91,9 @@ type Store struct {
 	NixKeys     []string
 	Threshold   int
 	Generations int
+	// ExpiryWarning: the current generation is reported as expiring this
+	// long before its release expires (DefaultExpiryWarning).
+	ExpiryWarning time.Duration
 }
 
 // Agent returns the agent called name, or nil.

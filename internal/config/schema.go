@@ -128,4 +128,6 @@ type storeV1 struct {
 	NixKeys     []string `hcl:"nix_keys,optional"`
 	Threshold   *int     `hcl:"threshold,optional"`
 	Generations *int     `hcl:"generations,optional"`
+	// ExpiryWarning is days ("7d") or a Go duration ("36h").
+	ExpiryWarning *string `hcl:"expiry_warning,optional"`
 }

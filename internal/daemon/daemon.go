@@ -305,8 +305,15 @@ func (d *Daemon) reconcileErrString() string {
 func (d *Daemon) reconcile(ctx context.Context, why string) error {
 	d.op.Lock()
 	defer d.op.Unlock()
-	cfg := d.config()
-	res, err := d.rec.Apply(ctx, cfg)
+	res, err := d.rec.Apply(ctx, d.config())
+	d.recordReconcile(ctx, res, err)
+	d.log.Debug("reconcile done", "why", why, "err", err)
+	return err
+}
+
+// recordReconcile keeps a reconcile's outcome for status and signals it.
+// The caller holds d.op.
+func (d *Daemon) recordReconcile(ctx context.Context, res *reconcile.Result, err error) {
 	gen, _ := d.storeCurrent()
 	d.mu.Lock()
 	d.reconciled = time.Now()
@@ -332,8 +339,6 @@ func (d *Daemon) reconcile(ctx context.Context, why string) error {
 	if rerr := d.refreshStates(ctx); rerr != nil {
 		d.log.Warn("read unit states", "err", rerr)
 	}
-	d.log.Debug("reconcile done", "why", why, "err", err)
-	return err
 }
 
 // publishAgents exports (and prunes) the agent objects from a fresh status.

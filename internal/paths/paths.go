@@ -56,6 +56,7 @@ const (
 	TargetUnit     = "nixcage.target"
 	NetnsTemplate  = "nixcage-netns@.service"
 	PrepTemplate   = "nixcage-prep@.service"
+	BindsTemplate  = "nixcage-binds@.service"
 	ProxySocketTpl = "cage-egress@.socket"
 	DNSSocketTpl   = "cage-egress-dns@.socket"
 	EgressTemplate = "cage-egress@.service"

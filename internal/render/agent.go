@@ -84,12 +84,18 @@ func (r *renderer) agent(a *config.Agent) error {
 	if a.Resources.CPU != "" {
 		svc.add("CPUQuota", a.Resources.CPU)
 	}
-	deps := strings.Join([]string{
+	depUnits := []string{
 		paths.Instance(paths.NetnsTemplate, a.Name),
 		paths.Instance(paths.PrepTemplate, a.Name),
 		paths.Instance(paths.ProxySocketTpl, a.Name),
 		paths.Instance(paths.DNSSocketTpl, a.Name),
-	}, " ")
+	}
+	if a.Backend == config.BackendService {
+		// systemd binds the store itself: check first (see templates).
+		// nspawn and podman resolve their binds in their own wrapper.
+		depUnits = append(depUnits, paths.Instance(paths.BindsTemplate, a.Name))
+	}
+	deps := strings.Join(depUnits, " ")
 	r.unit(paths.Instance(paths.AgentTemplate, a.Name),
 		sec("Unit",
 			"Description", fmt.Sprintf("nixcage agent %s (%s backend)", a.Name, a.Backend),
@@ -153,21 +159,18 @@ func (r *renderer) cageBinds(a *config.Agent) [][3]string {
 func stateDir(ws string) string { return strings.TrimPrefix(ws, "/var/lib/") }
 
 // withStoreBinds wraps a container manager's command line so that the store
-// binds whose sources exist are added when the cage starts: nspawn and podman
-// refuse a missing source, and the store has no current generation until
-// the first release is applied. prefix are the words before which the binds
-// go (the program and, for podman, its subcommand); rest are the others.
-// Evaluated at each start, so a restart after an apply picks up the tools.
-func (r *renderer) withStoreBinds(a *config.Agent, format string, prefix, rest []string) string {
+// binds are decided when the cage starts, by `cagectl store binds`: it
+// resolves ROOT/nix/store and current/top without following any link out
+// of the store (a store with such a link makes the start fail) and prints
+// the binds whose sources exist (nspawn and podman refuse a missing source,
+// and the store has no current generation until the first release). The
+// resolved paths hold no symlink, so the bind cannot be redirected either.
+// prefix are the words before which the binds go (the program and, for
+// podman, its subcommand); rest are the others. Evaluated at each start, so
+// a restart after an apply picks up the tools.
+func (r *renderer) withStoreBinds(a *config.Agent, backend string, prefix, rest []string) string {
 	var script strings.Builder
-	script.WriteString("b=; ")
-	for _, bind := range r.cageBinds(a) {
-		if bind[2] != "-" {
-			continue
-		}
-		fmt.Fprintf(&script, "if [ -e %s ]; then b=\"$b %s\"; fi; ", bind[0], fmt.Sprintf(format, bind[0]+":"+bind[1]))
-	}
-	script.WriteString("exec")
+	fmt.Fprintf(&script, "b=$('%s' store binds --store '%s' --for %s) || exit 1; exec", r.bin("cagectl"), r.storeRoot(), backend)
 	for _, w := range prefix {
 		script.WriteString(" '" + w + "'")
 	}
@@ -257,7 +260,7 @@ func (r *renderer) nspawnBackend(a *config.Agent) section {
 		argv = append(argv, "--setenv="+kv[0]+"="+kv[1])
 	}
 	argv = append(append(argv, "--"), a.Command...)
-	cmd := r.withStoreBinds(a, "--bind-ro=%s", []string{r.o.Nspawn}, argv)
+	cmd := r.withStoreBinds(a, config.BackendNspawn, []string{r.o.Nspawn}, argv)
 	// Placeholders come from the EnvironmentFile; ${VAR} is expanded by
 	// systemd, so they reach the container without being rendered here.
 	// They go first: everything after "--" is the agent's command.
@@ -366,7 +369,7 @@ func (r *renderer) podmanBackend(a *config.Agent) section {
 	argv = append(argv, a.Command...)
 	return sec("Service",
 		"Type", "exec",
-		"ExecStart", r.withStoreBinds(a, "--volume=%s:ro", []string{r.o.Podman, "--runtime", "runc", "run"}, argv),
+		"ExecStart", r.withStoreBinds(a, config.BackendPodman, []string{r.o.Podman, "--runtime", "runc", "run"}, argv),
 		"ExecStopPost", "-"+quoteCmd([]string{r.o.Podman, "rm", "--force", "--ignore", name}),
 		"Environment", "CONTAINERS_CONF="+filepath.Join(r.o.Prefix, paths.PodmanConf),
 		"StateDirectory", stateDir(a.Workspace),
