@@ -43,10 +43,11 @@ store {
 // agentAttack is what the agent does to its workspace to defeat the
 // evidence (issue 22): a 5 GiB sparse file, a name that rewrites the
 // operator's terminal line when sha256sum -c prints it, and a directory
-// chain deeper than PATH_MAX. It runs in the cage, as the agent.
+// chain deeper than PATH_MAX (mkdir -p: a restart of the agent goes on
+// where a stop interrupted it). It runs in the cage, as the agent.
 const agentAttack = `truncate -s 5G /workspace/big; ` +
 	`printf trap > \"/workspace/$(printf 'esc\\033[2K\\rall fine')\"; ` +
-	`cd /workspace && i=0 && while [ $i -lt 2100 ]; do mkdir d && cd d || break; i=$((i+1)); done; ` +
+	`cd /workspace && i=0 && while [ $i -lt 2100 ]; do mkdir -p d && cd d || break; i=$((i+1)); done; ` +
 	`touch /workspace/attack-done`
 
 // makeRelease builds a real Nix store path holding bin/hello that prints
