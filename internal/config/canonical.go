@@ -117,7 +117,8 @@ func canonPolicy(p policy.Policy) map[string]any {
 		}
 		inspectors[in.Name] = m
 	}
-	return map[string]any{
+	m := map[string]any{
+		"websocket":  p.WebSocket,
 		"allow":      p.Allow,
 		"deny":       p.Deny,
 		"ports":      p.Ports,
@@ -138,4 +139,19 @@ func canonPolicy(p policy.Policy) map[string]any {
 		"unsafe_allow_loopback_upstreams": p.UnsafeAllowLoopbackUpstreams,
 		"unsafe_allow_private_upstreams":  p.UnsafeAllowPrivateUpstreams,
 	}
+	if len(p.HTTPRules) > 0 {
+		rules := map[string]any{}
+		for _, r := range p.HTTPRules {
+			rm := map[string]any{"hosts": r.Hosts, "action": r.Action}
+			if len(r.Methods) > 0 {
+				rm["methods"] = r.Methods
+			}
+			if len(r.Paths) > 0 {
+				rm["paths"] = r.Paths
+			}
+			rules[r.Name] = rm
+		}
+		m["http_rule"] = rules
+	}
+	return m
 }

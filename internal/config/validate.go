@@ -530,6 +530,11 @@ func (v *validator) resolvePolicy(name string, p *policyV1) *resolvedPolicy {
 		}
 	}
 	v.denyBelowNotes(name, p.Body, out.Allow, out.Deny)
+	out.WebSocket = DefaultWebSocket
+	if p.WebSocket != nil {
+		out.WebSocket = *p.WebSocket
+	}
+	out.HTTPRules = v.httpRules(name, p.HTTPRules, out.Inspect)
 	for _, h := range out.Inspect {
 		// An inspect pattern must be covered by allow: "*.x" needs "*.x",
 		// an exact name needs a pattern matching it.
