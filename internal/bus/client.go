@@ -144,11 +144,11 @@ func decodeStatus(v any) (*Status, bool) {
 	}
 	st.Agents = make([]AgentStatus, len(agents))
 	for i, a := range agents {
-		if len(a) != 14 {
+		if len(a) != 15 {
 			return nil, false
 		}
 		as := &st.Agents[i]
-		var ok [14]bool
+		var ok [15]bool
 		as.Name, ok[0] = a[0].(string)
 		as.Backend, ok[1] = a[1].(string)
 		as.Unit, ok[2] = a[2].(string)
@@ -163,6 +163,7 @@ func decodeStatus(v any) (*Status, bool) {
 		as.Allowed, ok[11] = a[11].(uint64)
 		as.Flagged, ok[12] = a[12].(uint64)
 		as.Blocked, ok[13] = a[13].(uint64)
+		as.RunBy, ok[14] = a[14].(string)
 		for _, b := range ok {
 			if !b {
 				return nil, false
@@ -329,6 +330,10 @@ func decodeEvent(sig *dbus.Signal) (Event, bool) {
 		keys = []string{"agent", "by"}
 	case SignalReconciled:
 		keys = []string{"error"}
+	case SignalRunStarted:
+		keys = []string{"agent", "backend", "by"}
+	case SignalRunFinished:
+		keys = []string{"agent", "exit_status", "summary"}
 	default:
 		return Event{}, false
 	}

@@ -317,7 +317,7 @@ func agentProps(st AgentStatus) map[string]*prop.Prop {
 	m := make(map[string]*prop.Prop, len(v))
 	for k, x := range v {
 		emit := prop.EmitTrue
-		if k == "Name" || k == "Backend" || k == "Unit" {
+		if k == "Name" || k == "Backend" || k == "Unit" || k == "RunBy" {
 			emit = prop.EmitConst
 		}
 		m[k] = &prop.Prop{Value: x, Emit: emit}
@@ -332,6 +332,7 @@ func agentValues(st AgentStatus) map[string]any {
 		"EgressState": st.EgressState, "Autostart": st.Autostart,
 		"Quarantined": st.Quarantined, "QuarantineReason": st.QuarantineReason, "Generation": st.Generation,
 		"EgressAllowed": st.Allowed, "EgressFlagged": st.Flagged, "EgressBlocked": st.Blocked,
+		"RunBy": st.RunBy,
 	}
 }
 
@@ -544,7 +545,7 @@ func (o *agentObject) update(st AgentStatus) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for k, v := range agentValues(st) {
-		if k == "Name" || k == "Backend" || k == "Unit" {
+		if k == "Name" || k == "Backend" || k == "Unit" || k == "RunBy" {
 			continue
 		}
 		setIfChanged(o.props, AgentIface, k, v)
@@ -602,6 +603,8 @@ var argNames = map[string][]string{
 	"Rollback":        {"to", "from", "now"},
 	"ListGenerations": {"generations"},
 	"Quarantine":      {"reason", "evidence"},
+	"StartRun":        {"request", "stdin", "stdout", "stderr", "binds", "secrets", "name"},
+	"SignalRun":       {"name", "signal"},
 }
 
 func methods(v any, agentScoped bool) []introspect.Method {
@@ -628,6 +631,8 @@ var managerSignals = []introspect.Signal{
 	{Name: SignalAgentReleased, Args: []introspect.Arg{{Name: "agent", Type: "s"}, {Name: "by", Type: "s"}}},
 	{Name: SignalAgentKilled, Args: []introspect.Arg{{Name: "agent", Type: "s"}, {Name: "by", Type: "s"}}},
 	{Name: SignalReconciled, Args: []introspect.Arg{{Name: "error", Type: "s"}}},
+	{Name: SignalRunStarted, Args: []introspect.Arg{{Name: "name", Type: "s"}, {Name: "backend", Type: "s"}, {Name: "by", Type: "s"}}},
+	{Name: SignalRunFinished, Args: []introspect.Arg{{Name: "name", Type: "s"}, {Name: "exit_status", Type: "i"}, {Name: "summary", Type: "s"}}},
 }
 
 func (s *Server) introspect(path string) string {

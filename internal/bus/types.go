@@ -56,7 +56,7 @@ func AgentPath(agent string) dbus.ObjectPath {
 }
 
 // AgentStatus is one agent as the Manager reports it. Field order is the
-// wire order: (sssssssbbstttt).
+// wire order: (sssssssbbstttts).
 type AgentStatus struct {
 	Name             string `json:"name"`
 	Backend          string `json:"backend"`
@@ -76,6 +76,9 @@ type AgentStatus struct {
 	Allowed uint64 `json:"egress_allowed"`
 	Flagged uint64 `json:"egress_flagged"`
 	Blocked uint64 `json:"egress_blocked"`
+	// RunBy is who started a throw-away cage (cagectl run); "" for a
+	// declared agent.
+	RunBy string `json:"run_by,omitempty"`
 }
 
 // Status is the appliance and every agent.

@@ -115,7 +115,10 @@ func printStatus(env *Env, st *bus.Status) {
 		if a.Quarantined {
 			note = append(note, "QUARANTINED: "+a.QuarantineReason)
 		}
-		if !a.Autostart {
+		switch {
+		case a.RunBy != "":
+			note = append(note, "throw-away (cagectl run) by "+a.RunBy)
+		case !a.Autostart:
 			note = append(note, "manual start")
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\n", a.Name, a.Backend, state, orDash(a.EgressState), g,

@@ -55,6 +55,12 @@ func Canonical(cfg *Config) ([]byte, error) {
 	if len(agents) > 0 {
 		doc["agent"] = agents
 	}
+	// Declared but unused policies stay available to caged (cagectl run).
+	for _, p := range cfg.Policies {
+		if _, ok := policies[p.Name]; !ok {
+			policies[p.Name] = canonPolicy(p)
+		}
+	}
 	if len(policies) > 0 {
 		doc["egress_policy"] = policies
 	}

@@ -12,6 +12,9 @@ type Config struct {
 	Agents   []*Agent   // sorted by name
 	Accounts []*Account // in declaration order
 	Store    *Store     // nil when no store block was declared
+	// Policies are the declared named policies, used or not (cagectl run
+	// names them too), sorted by name.
+	Policies []policy.Policy
 }
 
 // Backends an agent can run under.

@@ -164,6 +164,9 @@ func (v *validator) build(files []*fileV1) *Config {
 	sort.Strings(names)
 	for _, n := range names {
 		v.policies[n] = v.resolvePolicy(n, &v.named[n].policy)
+		if rp := v.policies[n]; rp != nil {
+			cfg.Policies = append(cfg.Policies, rp.p)
+		}
 	}
 
 	seenAgent := map[string]hcl.Range{}

@@ -22,8 +22,19 @@ var _ bus.Backend = (*Daemon)(nil)
 // Accounts implements bus.Backend.
 func (d *Daemon) Accounts() []*config.Account { return d.config().Accounts }
 
-// HasAgent implements bus.Backend.
-func (d *Daemon) HasAgent(agent string) bool { return d.config().Agent(agent) != nil }
+// HasAgent implements bus.Backend: declared agents and running throw-away
+// cages (which may be stopped, killed and audited like agents).
+func (d *Daemon) HasAgent(agent string) bool {
+	return d.config().Agent(agent) != nil || d.runByName(agent) != nil
+}
+
+// refuseRun refuses what only makes sense for a declared agent.
+func (d *Daemon) refuseRun(agent, what string) error {
+	if d.runByName(agent) != nil {
+		return fmt.Errorf("%w: %s is a throw-away cage (cagectl run); it cannot be %s, only stopped or killed", bus.ErrInvalid, agent, what)
+	}
+	return nil
+}
 
 // Status answers from caged's cache of unit states (kept current by
 // systemd's PropertiesChanged signals and refreshed after every operation
@@ -55,6 +66,7 @@ func (d *Daemon) Status(ctx context.Context) (*bus.Status, error) {
 	for _, a := range cfg.Agents {
 		st.Agents = append(st.Agents, d.agentStatusWith(a, marks[a.Name]))
 	}
+	st.Agents = append(st.Agents, d.runStatuses()...)
 	return st, nil
 }
 
@@ -152,6 +164,9 @@ func (d *Daemon) refresh(ctx context.Context, agent string) {
 // Start starts an agent (its namespace, gateway sockets and prepare step
 // come with it through Requires=).
 func (d *Daemon) Start(ctx context.Context, agent, by string) error {
+	if err := d.refuseRun(agent, "started again"); err != nil {
+		return err
+	}
 	if err := d.refuseQuarantined(agent); err != nil {
 		return err
 	}
@@ -187,6 +202,9 @@ func (d *Daemon) Stop(ctx context.Context, agent, by string) error {
 // changed secret source or placeholder is picked up), the gateway re-reads
 // its credentials, and the agent starts again (also if it was down).
 func (d *Daemon) Restart(ctx context.Context, agent, by string) error {
+	if err := d.refuseRun(agent, "restarted"); err != nil {
+		return err
+	}
 	if err := d.refuseQuarantined(agent); err != nil {
 		return err
 	}
@@ -226,6 +244,9 @@ func (d *Daemon) Kill(ctx context.Context, agent, by string) error {
 // quarantines of one agent apart, and a quarantine of another agent (or a
 // reconcile) never waits behind this one's evidence copy.
 func (d *Daemon) Quarantine(ctx context.Context, agent, reason, by string) (string, error) {
+	if err := d.refuseRun(agent, "quarantined (stop or kill it; its audit stays)"); err != nil {
+		return "", err
+	}
 	a := d.config().Agent(agent)
 	if a == nil { // removed by a reload since the call was authorized
 		return "", fmt.Errorf("%w: %q", bus.ErrNoSuchAgent, agent)

@@ -124,6 +124,7 @@ type Daemon struct {
 	states         map[string]reconcile.State
 	audit          *auditTail
 	lastGeneration uint64
+	runs           map[string]*run // throw-away cages by name
 }
 
 // Serve runs caged with o until ctx ends.
@@ -198,6 +199,7 @@ func Serve(ctx context.Context, o Options) error {
 	// that hangs must not keep caged from serving. Jobs left running go on
 	// in systemd; the status reports the error.
 	rctx, rcancel := context.WithTimeout(ctx, startupReconcileTimeout)
+	d.cleanupOrphanRuns(rctx)
 	d.reconcile(rctx, "start")
 	rcancel()
 	gen, channel := d.storeCurrent()
@@ -374,6 +376,9 @@ func (d *Daemon) watchUnits(ctx context.Context, updates <-chan *sdbus.Propertie
 			if !ok {
 				continue
 			}
+			if d.runUnitChanged(u.UnitName, changedState(u)) {
+				continue
+			}
 			a := d.config().Agent(agent)
 			if a == nil {
 				continue
@@ -426,6 +431,17 @@ func (d *Daemon) watchUnits(ctx context.Context, updates <-chan *sdbus.Propertie
 			}
 		}
 	}
+}
+
+func changedState(u *sdbus.PropertiesUpdate) reconcile.State {
+	str := func(k string) string {
+		if v, ok := u.Changed[k]; ok {
+			s, _ := v.Value().(string)
+			return s
+		}
+		return ""
+	}
+	return reconcile.State{Load: str("LoadState"), Active: str("ActiveState"), Sub: str("SubState")}
 }
 
 // refreshLoop re-reads every unit state now and then, bounding how stale

@@ -77,10 +77,15 @@ func (r *renderer) agent(a *config.Agent) error {
 	svc.add(
 		"MemoryMax", a.Resources.Memory,
 		"TasksMax", strconv.Itoa(a.Resources.Tasks),
-		"Restart", "on-failure",
-		"RestartSec", "5",
-		"LimitCORE", "0",
 	)
+	if r.run == nil {
+		svc.add("Restart", "on-failure", "RestartSec", "5")
+	} else {
+		// A throw-away cage runs its command once: restarting it would run
+		// the user's command again behind their back.
+		svc.add("Restart", "no")
+	}
+	svc.add("LimitCORE", "0")
 	if a.Resources.CPU != "" {
 		svc.add("CPUQuota", a.Resources.CPU)
 	}
@@ -96,21 +101,27 @@ func (r *renderer) agent(a *config.Agent) error {
 		depUnits = append(depUnits, paths.Instance(paths.BindsTemplate, a.Name))
 	}
 	deps := strings.Join(depUnits, " ")
-	r.unit(paths.Instance(paths.AgentTemplate, a.Name),
-		sec("Unit",
-			"Description", fmt.Sprintf("nixcage agent %s (%s backend)", a.Name, a.Backend),
-			"Requires", deps,
-			"After", deps,
-			// No namespace, no agent: if it goes away the cage must stop
-			// rather than end up somewhere with a route.
-			"BindsTo", paths.Instance(paths.NetnsTemplate, a.Name),
-			"PartOf", paths.TargetUnit,
-			"ConditionPathExists", "!"+paths.QuarantineMark(a.Name),
-			"StartLimitIntervalSec", "60",
-			"StartLimitBurst", "5",
-		),
-		svc,
+	desc := fmt.Sprintf("nixcage agent %s (%s backend)", a.Name, a.Backend)
+	if r.run != nil {
+		desc = fmt.Sprintf("nixcage throw-away cage %s (%s backend)", a.Name, a.Backend)
+	}
+	unitSec := sec("Unit",
+		"Description", desc,
+		"Requires", deps,
+		"After", deps,
+		// No namespace, no agent: if it goes away the cage must stop
+		// rather than end up somewhere with a route.
+		"BindsTo", paths.Instance(paths.NetnsTemplate, a.Name),
 	)
+	if r.run == nil {
+		unitSec.add("PartOf", paths.TargetUnit)
+	}
+	unitSec.add(
+		"ConditionPathExists", "!"+paths.QuarantineMark(a.Name),
+		"StartLimitIntervalSec", "60",
+		"StartLimitBurst", "5",
+	)
+	r.unit(paths.Instance(paths.AgentTemplate, a.Name), unitSec, svc)
 	return nil
 }
 
@@ -197,9 +208,10 @@ func (r *renderer) serviceBackend(a *config.Agent) section {
 	for _, kv := range cageEnv(a) {
 		s.add("Environment", quoteArg(kv[0]+"="+kv[1]))
 	}
+	if r.run == nil {
+		s.add("StateDirectory", stateDir(a.Workspace), "StateDirectoryMode", "0700")
+	}
 	s.add(
-		"StateDirectory", stateDir(a.Workspace),
-		"StateDirectoryMode", "0700",
 		"WorkingDirectory", paths.CageWorkspace,
 		// systemd 252 does not replace / with TemporaryFileSystem=/ unless
 		// RootDirectory= is set (found by checks/system): the skeleton is
@@ -210,7 +222,11 @@ func (r *renderer) serviceBackend(a *config.Agent) section {
 	for _, b := range r.cageBinds(a) {
 		s.add("BindReadOnlyPaths", b[2]+b[0]+":"+b[1])
 	}
-	s.add("BindPaths", a.Workspace+":"+paths.CageWorkspace)
+	if r.run == nil {
+		s.add("BindPaths", a.Workspace+":"+paths.CageWorkspace)
+	} else {
+		s.add(r.run.serviceBinds()...)
+	}
 	s.add(baseHardening()...)
 	s.add(
 		"PrivateUsers", "yes",
@@ -246,10 +262,14 @@ func (r *renderer) nspawnBackend(a *config.Agent) section {
 		"--private-users=pick", "--private-users-ownership=off",
 		"--resolv-conf=off", "--timezone=off", "--link-journal=no",
 		"--drop-capability=all", "--no-new-privileges=yes",
-		"--as-pid2", "--console=pipe",
+		"--as-pid2", "--console=" + r.run.console(),
 		"--machine=nixcage-" + a.Name,
 		"--chdir=" + paths.CageWorkspace,
-		"--bind=" + a.Workspace + ":" + paths.CageWorkspace + ":idmap",
+	}
+	if r.run == nil {
+		argv = append(argv, "--bind="+a.Workspace+":"+paths.CageWorkspace+":idmap")
+	} else {
+		argv = append(argv, r.run.nspawnArgs()...)
 	}
 	for _, b := range r.cageBinds(a) {
 		if b[2] == "" {
@@ -273,7 +293,7 @@ func (r *renderer) nspawnBackend(a *config.Agent) section {
 		i := strings.Index(cmd, marker) + len(marker)
 		cmd = cmd[:i] + strings.TrimPrefix(setenv, " ") + " " + cmd[i:]
 	}
-	return sec("Service",
+	s := sec("Service",
 		"Type", "exec",
 		"ExecStart", cmd,
 		// nspawn inherits the namespace from its unit: asked to join it
@@ -281,13 +301,25 @@ func (r *renderer) nspawnBackend(a *config.Agent) section {
 		// namespace, it lacks the privilege to (found by checks/system).
 		"NetworkNamespacePath", paths.NetnsPath(a.Name),
 		"EnvironmentFile", filepath.Join(paths.Runtime(a.Name), "agent.env"),
-		"StateDirectory", stateDir(a.Workspace),
-		"StateDirectoryMode", "0700",
+	)
+	if r.run == nil {
+		s.add("StateDirectory", stateDir(a.Workspace), "StateDirectoryMode", "0700")
+	}
+	s.add(
 		"Delegate", "yes",
 		"KillMode", "mixed",
 		"DevicePolicy", "closed",
 		"KeyringMode", "private",
-		"ProtectHome", "yes",
+	)
+	if r.run == nil {
+		s.add("ProtectHome", "yes")
+	} else {
+		// /home stays hidden from nspawn itself except for exactly the
+		// directories bound into the cage.
+		s.add("ProtectHome", "tmpfs")
+		s.add(r.run.hostBinds()...)
+	}
+	s.add(
 		"PrivateTmp", "yes",
 		"ProtectKernelModules", "yes",
 		"ProtectClock", "yes",
@@ -295,6 +327,7 @@ func (r *renderer) nspawnBackend(a *config.Agent) section {
 		"IPAddressAllow", "localhost",
 		"IPAddressDeny", "any",
 	)
+	return s
 }
 
 // podmanUIDBase gives each podman cage its own 65536-id range above the

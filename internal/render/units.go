@@ -363,7 +363,7 @@ func (r *renderer) tmpfiles() {
 	// systemd could create them, but podman's container root (a mapped
 	// uid) cannot write to a root-owned directory.
 	root := paths.CageRootfs
-	for _, d := range []string{"", "/usr", "/etc", "/etc/nixcage", "/nix", "/nix/store", "/nix/tools", "/workspace", "/tmp", "/proc", "/sys", "/dev", "/run", "/var", "/var/tmp"} {
+	for _, d := range []string{"", "/usr", "/etc", "/etc/nixcage", "/nix", "/nix/store", "/nix/tools", "/workspace", "/mnt", "/tmp", "/proc", "/sys", "/dev", "/run", "/var", "/var/tmp"} {
 		fmt.Fprintf(&b, "d %s%s 0755 root root -\n", root, d)
 	}
 	for _, l := range []string{"bin", "sbin", "lib", "lib64"} {
