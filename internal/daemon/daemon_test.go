@@ -327,3 +327,39 @@ func TestQuarantinesDoNotWaitForEachOthersEvidence(t *testing.T) {
 		t.Errorf("events:\n got %q\nwant %q", events, want)
 	}
 }
+
+// An events stream survives a caged restart: it follows the new owner of
+// the name (addressed signals are checked against it) and subscribes again,
+// so the new caged's audit signals still reach it.
+func TestEventsFollowACagedRestart(t *testing.T) {
+	c := daemontest.Start(t, twoAgents)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	events, err := c.Client().Events(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Restart()
+	cl := c.Client()
+	// The stream subscribes again when it sees the new owner; until caged
+	// has that, a kill's signal is not addressed to it. Kill until one is.
+	for {
+		if err := cl.Start(ctx, "beta"); err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.Kill(ctx, "beta"); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case e, ok := <-events:
+			if !ok {
+				t.Fatal("the events stream ended when caged restarted")
+			}
+			if e.Kind == bus.SignalAgentKilled && e.Agent == "beta" {
+				return
+			}
+		case <-ctx.Done():
+			t.Fatal("no audit signal from the restarted caged reached the stream")
+		}
+	}
+}
