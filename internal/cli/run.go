@@ -202,15 +202,15 @@ func runRun(ctx context.Context, env *Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	stdio, err := osStdio(env)
-	if err != nil {
-		return err
-	}
 	in, err := openRunInputs(env, s)
 	if err != nil {
 		return err
 	}
 	defer in.Close()
+	stdio, err := osStdio(env)
+	if err != nil {
+		return err
+	}
 
 	c, err := dialCaged(ctx, s.addr)
 	if err != nil {
