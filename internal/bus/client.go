@@ -107,27 +107,30 @@ func (c *Client) Status(ctx context.Context) (*Status, error) {
 // slower for a thousand agents. Any mismatch falls back to dbus.Store.
 func decodeStatus(v any) (*Status, bool) {
 	f, ok := v.([]any)
-	if !ok || len(f) != 9 {
+	if !ok || len(f) != 12 {
 		return nil, false
 	}
 	st := &Status{}
-	var ok2 [8]bool
+	var ok2 [11]bool
 	st.Version, ok2[0] = f[0].(string)
 	st.Mode, ok2[1] = f[1].(string)
 	st.Config, ok2[2] = f[2].(string)
 	st.Generation, ok2[3] = f[3].(uint64)
 	st.Channel, ok2[4] = f[4].(string)
-	st.StartedUnix, ok2[5] = f[5].(int64)
-	st.ReconciledUnix, ok2[6] = f[6].(int64)
-	st.ReconcileError, ok2[7] = f[7].(string)
+	st.GenerationExpiresUnix, ok2[5] = f[5].(int64)
+	st.Freshness, ok2[6] = f[6].(string)
+	st.FreshnessMessage, ok2[7] = f[7].(string)
+	st.StartedUnix, ok2[8] = f[8].(int64)
+	st.ReconciledUnix, ok2[9] = f[9].(int64)
+	st.ReconcileError, ok2[10] = f[10].(string)
 	for _, b := range ok2 {
 		if !b {
 			return nil, false
 		}
 	}
-	agents, ok := f[8].([][]any)
+	agents, ok := f[11].([][]any)
 	if !ok {
-		generic, ok := f[8].([]any)
+		generic, ok := f[11].([]any)
 		if !ok {
 			return nil, false
 		}
@@ -141,11 +144,11 @@ func decodeStatus(v any) (*Status, bool) {
 	}
 	st.Agents = make([]AgentStatus, len(agents))
 	for i, a := range agents {
-		if len(a) != 14 {
+		if len(a) != 15 {
 			return nil, false
 		}
 		as := &st.Agents[i]
-		var ok [14]bool
+		var ok [15]bool
 		as.Name, ok[0] = a[0].(string)
 		as.Backend, ok[1] = a[1].(string)
 		as.Unit, ok[2] = a[2].(string)
@@ -160,6 +163,7 @@ func decodeStatus(v any) (*Status, bool) {
 		as.Allowed, ok[11] = a[11].(uint64)
 		as.Flagged, ok[12] = a[12].(uint64)
 		as.Blocked, ok[13] = a[13].(uint64)
+		as.RunBy, ok[14] = a[14].(string)
 		for _, b := range ok {
 			if !b {
 				return nil, false
@@ -312,6 +316,10 @@ func decodeEvent(sig *dbus.Signal) (Event, bool) {
 		keys = []string{"agent", "by"}
 	case SignalReconciled:
 		keys = []string{"error"}
+	case SignalRunStarted:
+		keys = []string{"agent", "backend", "by"}
+	case SignalRunFinished:
+		keys = []string{"agent", "exit_status", "summary"}
 	default:
 		return Event{}, false
 	}

@@ -40,6 +40,7 @@ type Backend interface {
 	Accounts() []*config.Account
 	// HasAgent reports whether agent is declared.
 	HasAgent(agent string) bool
+	ConfigBackend
 }
 
 // Backend errors the server maps to D-Bus error names.
@@ -96,6 +97,10 @@ func (s *Server) Export(mp ManagerProps) error {
 		"Channel":        {Value: mp.Channel, Emit: prop.EmitTrue},
 		"Agents":         {Value: []dbus.ObjectPath{}, Emit: prop.EmitTrue},
 		"ReconcileError": {Value: "", Emit: prop.EmitTrue},
+		// The current generation's expiry and "none", "ok", "expiring" or
+		// "expired": a monitor watches these for a frozen channel.
+		"GenerationExpires": {Value: int64(0), Emit: prop.EmitTrue},
+		"Freshness":         {Value: "none", Emit: prop.EmitTrue},
 	}})
 	if err != nil {
 		return fmt.Errorf("export properties: %w", err)
@@ -128,6 +133,12 @@ func (s *Server) SetManager(generation uint64, channel, reconcileErr string) {
 	setIfChanged(s.mgrProps, ManagerIface, "ReconcileError", reconcileErr)
 }
 
+// SetFreshness updates the current generation's expiry properties.
+func (s *Server) SetFreshness(expiresUnix int64, freshness string) {
+	setIfChanged(s.mgrProps, ManagerIface, "GenerationExpires", expiresUnix)
+	setIfChanged(s.mgrProps, ManagerIface, "Freshness", freshness)
+}
+
 func setIfChanged(p *prop.Properties, iface, name string, v any) {
 	if p == nil {
 		return
@@ -135,6 +146,16 @@ func setIfChanged(p *prop.Properties, iface, name string, v any) {
 	if cur, err := p.Get(iface, name); err == nil && fmt.Sprint(cur.Value()) == fmt.Sprint(v) {
 		return
 	}
+	setProp(p, iface, name, v)
+}
+
+// setProp sets a read-only property. SetMust panics when emitting
+// PropertiesChanged fails, which it does once the connection is closed
+// (shutdown, a lost bus); a status update must never bring caged down
+// (the watchdog handles a lost bus). Names are constants here, so that is
+// the only failure left to swallow.
+func setProp(p *prop.Properties, iface, name string, v any) {
+	defer func() { _ = recover() }()
 	p.SetMust(iface, name, v)
 }
 
@@ -188,7 +209,7 @@ func (s *Server) SetAgents(sts []AgentStatus) error {
 	if s.mgrProps != nil {
 		cur, _ := s.mgrProps.Get(ManagerIface, "Agents")
 		if fmt.Sprint(cur.Value()) != fmt.Sprint(objs) {
-			s.mgrProps.SetMust(ManagerIface, "Agents", objs)
+			setProp(s.mgrProps, ManagerIface, "Agents", objs)
 		}
 	}
 	return nil
@@ -216,7 +237,7 @@ func agentProps(st AgentStatus) map[string]*prop.Prop {
 	m := make(map[string]*prop.Prop, len(v))
 	for k, x := range v {
 		emit := prop.EmitTrue
-		if k == "Name" || k == "Backend" || k == "Unit" {
+		if k == "Name" || k == "Backend" || k == "Unit" || k == "RunBy" {
 			emit = prop.EmitConst
 		}
 		m[k] = &prop.Prop{Value: x, Emit: emit}
@@ -231,6 +252,7 @@ func agentValues(st AgentStatus) map[string]any {
 		"EgressState": st.EgressState, "Autostart": st.Autostart,
 		"Quarantined": st.Quarantined, "QuarantineReason": st.QuarantineReason, "Generation": st.Generation,
 		"EgressAllowed": st.Allowed, "EgressFlagged": st.Flagged, "EgressBlocked": st.Blocked,
+		"RunBy": st.RunBy,
 	}
 }
 
@@ -281,6 +303,8 @@ func fail(err error) *dbus.Error {
 		return newError(ErrorInvalid, "%v", err)
 	case errors.Is(err, ErrIsQuarantined):
 		return newError(ErrorQuarantined, "%v", err)
+	case errors.Is(err, ErrIO):
+		return newError(ErrorIO, "%v", err)
 	}
 	return newError(ErrorFailed, "%v", err)
 }
@@ -411,7 +435,7 @@ func (o *agentObject) update(st AgentStatus) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for k, v := range agentValues(st) {
-		if k == "Name" || k == "Backend" || k == "Unit" {
+		if k == "Name" || k == "Backend" || k == "Unit" || k == "RunBy" {
 			continue
 		}
 		setIfChanged(o.props, AgentIface, k, v)
@@ -469,6 +493,8 @@ var argNames = map[string][]string{
 	"Rollback":        {"to", "from", "now"},
 	"ListGenerations": {"generations"},
 	"Quarantine":      {"reason", "evidence"},
+	"StartRun":        {"request", "stdin", "stdout", "stderr", "binds", "secrets", "name"},
+	"SignalRun":       {"name", "signal"},
 }
 
 func methods(v any, agentScoped bool) []introspect.Method {
@@ -495,6 +521,8 @@ var managerSignals = []introspect.Signal{
 	{Name: SignalAgentReleased, Args: []introspect.Arg{{Name: "agent", Type: "s"}, {Name: "by", Type: "s"}}},
 	{Name: SignalAgentKilled, Args: []introspect.Arg{{Name: "agent", Type: "s"}, {Name: "by", Type: "s"}}},
 	{Name: SignalReconciled, Args: []introspect.Arg{{Name: "error", Type: "s"}}},
+	{Name: SignalRunStarted, Args: []introspect.Arg{{Name: "name", Type: "s"}, {Name: "backend", Type: "s"}, {Name: "by", Type: "s"}}},
+	{Name: SignalRunFinished, Args: []introspect.Arg{{Name: "name", Type: "s"}, {Name: "exit_status", Type: "i"}, {Name: "summary", Type: "s"}}},
 }
 
 func (s *Server) introspect(path string) string {

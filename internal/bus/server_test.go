@@ -118,6 +118,16 @@ func (f *fakeBackend) ReadAudit(ctx context.Context, agent string, offset int64,
 	return []string{`{"decision":"blocked"}`}, offset + 23, nil
 }
 
+func (f *fakeBackend) ApplyConfig(ctx context.Context, srcs []bus.ConfigSource, dryRun bool, by string) (*bus.ConfigPlan, error) {
+	f.rec("apply-config %d file(s) dry-run=%v by %s", len(srcs), dryRun, by)
+	return &bus.ConfigPlan{Added: []string{"new"}, Applied: !dryRun}, nil
+}
+
+func (f *fakeBackend) RotateSecret(ctx context.Context, agent, name string, newPlaceholder bool, by string) (string, error) {
+	f.rec("rotate %s %q %v by %s", agent, name, newPlaceholder, by)
+	return "rotated", nil
+}
+
 func (f *fakeBackend) Accounts() []*config.Account { return f.accounts }
 
 func (f *fakeBackend) HasAgent(agent string) bool {

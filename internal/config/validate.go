@@ -56,6 +56,9 @@ const (
 	DefaultGenerations  = 3
 	DefaultPolicy       = "none"
 	DefaultSecretHeader = "Authorization"
+	// DefaultExpiryWarning: a current generation whose release expires
+	// within this is reported as expiring (store verify, status, D-Bus).
+	DefaultExpiryWarning = 7 * 24 * time.Hour
 )
 
 type validator struct {
@@ -161,6 +164,9 @@ func (v *validator) build(files []*fileV1) *Config {
 	sort.Strings(names)
 	for _, n := range names {
 		v.policies[n] = v.resolvePolicy(n, &v.named[n].policy)
+		if rp := v.policies[n]; rp != nil {
+			cfg.Policies = append(cfg.Policies, rp.p)
+		}
 	}
 
 	seenAgent := map[string]hcl.Range{}
@@ -527,6 +533,11 @@ func (v *validator) resolvePolicy(name string, p *policyV1) *resolvedPolicy {
 		}
 	}
 	v.denyBelowNotes(name, p.Body, out.Allow, out.Deny)
+	out.WebSocket = DefaultWebSocket
+	if p.WebSocket != nil {
+		out.WebSocket = *p.WebSocket
+	}
+	out.HTTPRules = v.httpRules(name, p.HTTPRules, out.Inspect)
 	for _, h := range out.Inspect {
 		// An inspect pattern must be covered by allow: "*.x" needs "*.x",
 		// an exact name needs a pattern matching it.
@@ -734,7 +745,7 @@ func isUID(s string) bool {
 }
 
 func (v *validator) store(s *storeV1) *Store {
-	out := &Store{Root: paths.DefaultStoreRoot, Channel: s.Channel, Keys: s.Keys, NixKeys: s.NixKeys, Threshold: 1, Generations: DefaultGenerations}
+	out := &Store{Root: paths.DefaultStoreRoot, Channel: s.Channel, Keys: s.Keys, NixKeys: s.NixKeys, Threshold: 1, Generations: DefaultGenerations, ExpiryWarning: DefaultExpiryWarning}
 	if s.Root != nil && v.checkAbsPath(at(s.Body, "root"), "store root", *s.Root) {
 		out.Root = *s.Root
 	}
@@ -764,6 +775,13 @@ func (v *validator) store(s *storeV1) *Store {
 			v.errorf(at(s.Body, "threshold"), "Invalid signature threshold", "store: threshold = %d with %d key(s); it must be between 1 and the number of keys.", *s.Threshold, len(s.Keys))
 		}
 	}
+	if s.ExpiryWarning != nil {
+		d, err := ParseDays(*s.ExpiryWarning)
+		if err != nil || d < 0 {
+			v.errorf(at(s.Body, "expiry_warning"), "Invalid expiry warning", "store: expiry_warning = %q; write days (\"7d\") or a duration (\"36h\"), or \"0\" to report only expired generations.", *s.ExpiryWarning)
+		}
+		out.ExpiryWarning = d
+	}
 	if s.Generations != nil {
 		out.Generations = *s.Generations
 		if *s.Generations < 2 {
@@ -771,6 +789,19 @@ func (v *validator) store(s *storeV1) *Store {
 		}
 	}
 	return out
+}
+
+// ParseDays parses a duration written as days ("7d") or as Go writes one
+// ("36h", "0").
+func ParseDays(s string) (time.Duration, error) {
+	if d, ok := strings.CutSuffix(s, "d"); ok {
+		n, err := strconv.Atoi(d)
+		if err != nil {
+			return 0, fmt.Errorf("duration %q: %w", s, err)
+		}
+		return time.Duration(n) * 24 * time.Hour, nil
+	}
+	return time.ParseDuration(s)
 }
 
 func nonNil(s []string) []string {

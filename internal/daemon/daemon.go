@@ -111,6 +111,7 @@ type Daemon struct {
 	states         map[string]reconcile.State
 	audit          *auditTail
 	lastGeneration uint64
+	runs           map[string]*run // throw-away cages by name
 }
 
 // Serve runs caged with o until ctx ends.
@@ -185,6 +186,7 @@ func Serve(ctx context.Context, o Options) error {
 	// that hangs must not keep caged from serving. Jobs left running go on
 	// in systemd; the status reports the error.
 	rctx, rcancel := context.WithTimeout(ctx, startupReconcileTimeout)
+	d.cleanupOrphanRuns(rctx)
 	d.reconcile(rctx, "start")
 	rcancel()
 	gen, channel := d.storeCurrent()
@@ -292,8 +294,15 @@ func (d *Daemon) reconcileErrString() string {
 func (d *Daemon) reconcile(ctx context.Context, why string) error {
 	d.op.Lock()
 	defer d.op.Unlock()
-	cfg := d.config()
-	res, err := d.rec.Apply(ctx, cfg)
+	res, err := d.rec.Apply(ctx, d.config())
+	d.recordReconcile(ctx, res, err)
+	d.log.Debug("reconcile done", "why", why, "err", err)
+	return err
+}
+
+// recordReconcile keeps a reconcile's outcome for status and signals it.
+// The caller holds d.op.
+func (d *Daemon) recordReconcile(ctx context.Context, res *reconcile.Result, err error) {
 	gen, _ := d.storeCurrent()
 	d.mu.Lock()
 	d.reconciled = time.Now()
@@ -319,8 +328,6 @@ func (d *Daemon) reconcile(ctx context.Context, why string) error {
 	if rerr := d.refreshStates(ctx); rerr != nil {
 		d.log.Warn("read unit states", "err", rerr)
 	}
-	d.log.Debug("reconcile done", "why", why, "err", err)
-	return err
 }
 
 // publishAgents exports (and prunes) the agent objects from a fresh status.
@@ -354,6 +361,9 @@ func (d *Daemon) watchUnits(ctx context.Context, updates <-chan *sdbus.Propertie
 		case u := <-updates:
 			agent, ok := agentOfUnit(u.UnitName)
 			if !ok {
+				continue
+			}
+			if d.runUnitChanged(u.UnitName, changedState(u)) {
 				continue
 			}
 			a := d.config().Agent(agent)
@@ -408,6 +418,17 @@ func (d *Daemon) watchUnits(ctx context.Context, updates <-chan *sdbus.Propertie
 			}
 		}
 	}
+}
+
+func changedState(u *sdbus.PropertiesUpdate) reconcile.State {
+	str := func(k string) string {
+		if v, ok := u.Changed[k]; ok {
+			s, _ := v.Value().(string)
+			return s
+		}
+		return ""
+	}
+	return reconcile.State{Load: str("LoadState"), Active: str("ActiveState"), Sub: str("SubState")}
 }
 
 // refreshLoop re-reads every unit state now and then, bounding how stale

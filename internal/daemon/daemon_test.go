@@ -87,7 +87,10 @@ func TestLifecycleKillAndEvents(t *testing.T) {
 	want := []string{
 		"ResetFailedUnit " + unit("beta"), "StartUnit " + unit("beta"),
 		"KillUnit " + unit("beta") + " all 9",
-		"ResetFailedUnit " + unit("beta"), "RestartUnit " + unit("beta"),
+		// A restart is the whole cage's: the prepare step re-runs (a rotated
+		// secret is picked up), then the agent is started.
+		"ResetFailedUnit " + paths.Instance(paths.PrepTemplate, "beta"), "ResetFailedUnit " + paths.Instance(paths.EgressTemplate, "beta"),
+		"ResetFailedUnit " + unit("beta"), "RestartUnit " + paths.Instance(paths.PrepTemplate, "beta"), "StartUnit " + unit("beta"),
 		"StopUnit " + unit("beta"),
 	}
 	if got := c.SD.Calls(); !slices.Equal(got, want) {

@@ -91,15 +91,24 @@ func (g *Gateway) intercept(raw net.Conn, pre []byte, t *target, rec audit.Recor
 	h2 := tc.ConnectionState().NegotiatedProtocol == "h2"
 	l := &oneConnListener{conn: tc, done: make(chan struct{})}
 	var closeOnce sync.Once
+	// A hijacked connection (a WebSocket relay) is done when its handler
+	// returns, not when net/http lets go of it.
+	var hijacked atomic.Bool
 	srv := &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			g.serveInner(w, r, t, h2)
+			if hijacked.Load() {
+				closeOnce.Do(func() { close(l.done) })
+			}
 		}),
 		ReadHeaderTimeout: headerTimeout,
 		IdleTimeout:       t.st.idle,
 		MaxHeaderBytes:    t.st.maxHeader + 4096,
 		ConnState: func(_ net.Conn, s http.ConnState) {
-			if s == http.StateClosed || s == http.StateHijacked {
+			switch s {
+			case http.StateHijacked:
+				hijacked.Store(true)
+			case http.StateClosed:
 				closeOnce.Do(func() { close(l.done) })
 			}
 		},

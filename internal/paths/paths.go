@@ -50,6 +50,7 @@ const (
 	TargetUnit     = "nixcage.target"
 	NetnsTemplate  = "nixcage-netns@.service"
 	PrepTemplate   = "nixcage-prep@.service"
+	BindsTemplate  = "nixcage-binds@.service"
 	ProxySocketTpl = "cage-egress@.socket"
 	DNSSocketTpl   = "cage-egress-dns@.socket"
 	EgressTemplate = "cage-egress@.service"
@@ -105,6 +106,14 @@ func EgressState(agent string) string { return filepath.Join(EgressStateRoot, ag
 // It sits one level down so that no agent name can collide with caged's own
 // files in RuntimeRoot.
 func Runtime(agent string) string { return filepath.Join(RuntimeRoot, "cage", agent) }
+
+// RunsRoot holds one directory per throw-away cage (cagectl run): its
+// rendered configuration, its secrets and the list of files installed for
+// it, so teardown (or caged after a crash) removes exactly those.
+const RunsRoot = "/run/nixcage/runs"
+
+// RunDir is a throw-away cage's directory.
+func RunDir(name string) string { return filepath.Join(RunsRoot, name) }
 
 // DefaultWorkspace is an agent's workspace when the config names none.
 func DefaultWorkspace(agent string) string { return filepath.Join(WorkspaceRoot, agent) }

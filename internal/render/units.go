@@ -28,6 +28,13 @@ func (r *renderer) cagedConfig() string {
 	return filepath.Join(r.o.Prefix, "nixcage", "nixcage.json")
 }
 
+func (r *renderer) cagedUnits() string {
+	if r.o.CagedUnits != "" {
+		return r.o.CagedUnits
+	}
+	return "os"
+}
+
 // caged runs as root because it writes the shared store and asks systemd to
 // manage units; everything else is taken away.
 func (r *renderer) caged() {
@@ -43,10 +50,10 @@ func (r *renderer) caged() {
 		// writable under ProtectSystem=strict; create it with full
 		// privileges ("+") so ReadWritePaths= below can open it up.
 		"ExecStartPre", "+/bin/mkdir -p /run/tmpfiles.d",
-		// The units were rendered together with this one, so caged only
-		// manages their lifecycle ("os"); `--units render` is for a caged
+		// By default the units were rendered together with this one, so
+		// caged only manages their lifecycle ("os"); "render" is for a caged
 		// installed alone that renders into /run itself.
-		"ExecStart", quoteCmd([]string{r.bin("caged"), "--config", r.cagedConfig(), "--units", "os"}),
+		"ExecStart", quoteCmd([]string{r.bin("caged"), "--config", r.cagedConfig(), "--units", r.cagedUnits()}),
 		// Re-read the config and reconcile, synchronously, over the bus
 		// (minimal hosts have no kill(1); SIGHUP does the same).
 		"ExecReload", quoteCmd([]string{r.bin("cagectl"), "reload"}),
@@ -63,7 +70,11 @@ func (r *renderer) caged() {
 		"RuntimeDirectoryPreserve", "yes",
 		// "-": a store root that does not exist yet must not keep caged
 		// from starting (the default one lies inside StateDirectory=).
-		"ReadWritePaths", "-"+storeRoot+" -/run/systemd/system -/run/tmpfiles.d",
+		// `cagectl apply-config` has caged install a new config: the
+		// config itself and, with --units os, the tree rendered under /etc.
+		// (caged can already write units systemd runs as root, under /run;
+		// /etc adds no privilege, only persistence.)
+		"ReadWritePaths", "-"+storeRoot+" -/run/systemd/system -/run/tmpfiles.d -/etc/nixcage -/etc/systemd/system -/etc/tmpfiles.d",
 		"PrivateNetwork", "no", // fetches releases by URL
 		"RestrictAddressFamilies", "AF_UNIX AF_INET AF_INET6",
 		"IPAddressDeny", "link-local multicast",
@@ -159,15 +170,8 @@ func (r *renderer) templates() {
 		"StateDirectoryMode", "0755",
 	)
 	prep.add(baseHardening()...)
+	prep.add(offlineHelper()...)
 	prep.add(
-		"PrivateNetwork", "yes",
-		"RestrictAddressFamilies", "AF_UNIX",
-		"CapabilityBoundingSet", "",
-		"SystemCallFilter", "@system-service",
-		"SystemCallFilter", denySyscalls,
-		"MemoryDenyWriteExecute", "yes",
-		"DevicePolicy", "closed",
-		"IPAddressDeny", "any",
 		// The prepare step writes the CA key (0600) and placeholders; the
 		// agent's workspace is created here so its owner can be fixed later.
 		"UMask", "0022",
@@ -175,6 +179,30 @@ func (r *renderer) templates() {
 	r.unit(paths.PrepTemplate,
 		sec("Unit", append([]string{"Description", "nixcage prepare cage %i (CA, placeholders, resolv.conf)"}, shutdown...)...),
 		prep,
+	)
+
+	// Run again at every start of a service-backend agent (a oneshot that
+	// does not remain active is restarted by each Requires=): systemd binds
+	// the store sources itself and follows links on the host, so this
+	// refuses the start when a link leads out of the store. Not an
+	// ExecStartPre=+ of the agent: "+" lifts the sandbox but not
+	// RootDirectory=, and in the skeleton root the store is not there to
+	// check (found by checks/system).
+	binds := sec("Service",
+		"Type", "oneshot",
+		"ExecStart", quoteCmd([]string{r.bin("cagectl"), "store", "binds", "--store", r.storeRoot(), "--for", "service"}),
+	)
+	binds.add(baseHardening()...)
+	binds.add(offlineHelper()...)
+	r.unit(paths.BindsTemplate,
+		sec("Unit",
+			"Description", "nixcage store bind check for cage %i (no link out of the store)",
+			"DefaultDependencies", "no",
+			"Conflicts", "shutdown.target",
+			"Before", "shutdown.target",
+			"After", "local-fs.target",
+		),
+		binds,
 	)
 
 	deps := strings.Join([]string{paths.Instance(paths.NetnsTemplate, "%i"), paths.Instance(paths.PrepTemplate, "%i")}, " ")
@@ -211,7 +239,10 @@ func (r *renderer) templates() {
 
 	sockets := paths.Instance(paths.ProxySocketTpl, "%i") + " " + paths.Instance(paths.DNSSocketTpl, "%i")
 	svc := sec("Service",
-		"Type", "simple",
+		// The gateway says READY=1 only once it holds its credentials and
+		// listeners: a start or restart job fails, instead of reporting
+		// "done", when a (rotated) secret cannot be loaded.
+		"Type", "notify",
 		"ExecStart", join(r.bin("cage-egress"), "--config", paths.EgressConfig(r.o.Prefix, "%i")),
 		"Sockets", sockets,
 		"DynamicUser", "yes",
@@ -299,7 +330,7 @@ func (r *renderer) tmpfiles() {
 	// systemd could create them, but podman's container root (a mapped
 	// uid) cannot write to a root-owned directory.
 	root := paths.CageRootfs
-	for _, d := range []string{"", "/usr", "/etc", "/etc/nixcage", "/nix", "/nix/store", "/nix/tools", "/workspace", "/tmp", "/proc", "/sys", "/dev", "/run", "/var", "/var/tmp"} {
+	for _, d := range []string{"", "/usr", "/etc", "/etc/nixcage", "/nix", "/nix/store", "/nix/tools", "/workspace", "/mnt", "/tmp", "/proc", "/sys", "/dev", "/run", "/var", "/var/tmp"} {
 		fmt.Fprintf(&b, "d %s%s 0755 root root -\n", root, d)
 	}
 	for _, l := range []string{"bin", "sbin", "lib", "lib64"} {
@@ -336,6 +367,21 @@ func marshal(v any) ([]byte, error) {
 
 // join renders a command line of nixcage's own words, which may carry
 // specifiers such as %i on purpose.
+// offlineHelper confines a helper that needs no network, no capability and
+// no device: the prepare step and the store bind check.
+func offlineHelper() []string {
+	return []string{
+		"PrivateNetwork", "yes",
+		"RestrictAddressFamilies", "AF_UNIX",
+		"CapabilityBoundingSet", "",
+		"SystemCallFilter", "@system-service",
+		"SystemCallFilter", denySyscalls,
+		"MemoryDenyWriteExecute", "yes",
+		"DevicePolicy", "closed",
+		"IPAddressDeny", "any",
+	}
+}
+
 func join(argv ...string) string { return strings.Join(argv, " ") }
 
 // quoteCmd renders argv for Exec*= lines: every word double-quoted, with
