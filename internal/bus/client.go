@@ -253,12 +253,29 @@ type Event struct {
 }
 
 // Events delivers caged's signals until ctx ends. The channel is closed then.
+// It subscribes: signals carrying audit data are addressed to subscribers
+// allowed to read them, never broadcast. Addressed signals bypass match
+// rules, so each one's sender is checked against the owner of caged's name;
+// when caged restarts (a new owner), the stream follows it and subscribes
+// again.
 func (c *Client) Events(ctx context.Context) (<-chan Event, error) {
 	if err := c.conn.AddMatchSignalContext(ctx, dbus.WithMatchSender(Name), dbus.WithMatchInterface(ManagerIface)); err != nil {
 		return nil, remote(err)
 	}
+	if err := c.conn.AddMatchSignalContext(ctx, dbus.WithMatchSender("org.freedesktop.DBus"), dbus.WithMatchMember("NameOwnerChanged"), dbus.WithMatchArg(0, Name)); err != nil {
+		return nil, remote(err)
+	}
 	in := make(chan *dbus.Signal, 64)
 	c.conn.Signal(in)
+	var owner string
+	if err := c.conn.BusObject().CallWithContext(ctx, "org.freedesktop.DBus.GetNameOwner", 0, Name).Store(&owner); err != nil {
+		c.conn.RemoveSignal(in)
+		return nil, remote(err)
+	}
+	if err := c.call(ctx, "Subscribe", nil); err != nil {
+		c.conn.RemoveSignal(in)
+		return nil, err
+	}
 	out := make(chan Event, 64)
 	go func() {
 		defer close(out)
@@ -266,12 +283,21 @@ func (c *Client) Events(ctx context.Context) (<-chan Event, error) {
 		for {
 			select {
 			case <-ctx.Done():
+				// Best effort: the subscription also ends with the connection.
+				c.obj.Go(ManagerIface+".Unsubscribe", dbus.FlagNoReplyExpected, nil)
 				return
 			case sig, ok := <-in:
 				if !ok {
 					return
 				}
-				if sig.Path != Path {
+				if sig.Name == "org.freedesktop.DBus.NameOwnerChanged" && sig.Sender == "org.freedesktop.DBus" && len(sig.Body) == 3 && sig.Body[0] == Name {
+					owner, _ = sig.Body[2].(string)
+					if owner != "" {
+						c.obj.Go(ManagerIface+".Subscribe", dbus.FlagNoReplyExpected, nil)
+					}
+					continue
+				}
+				if sig.Path != Path || sig.Sender != owner {
 					continue
 				}
 				ev, ok := decodeEvent(sig)

@@ -107,7 +107,7 @@ func (m *manager) StartRun(sender dbus.Sender, req RunRequest, stdin, stdout, st
 		closeFDs(stdio, binds, secrets)
 		return "", newError(ErrorFailed, "this caged does not run throw-away cages")
 	}
-	id, derr := m.s.authorize(sender, ActRun, "", "StartRun")
+	id, derr := m.s.authorize(sender, ActRun, "StartRun")
 	if derr != nil {
 		closeFDs(stdio, binds, secrets)
 		return "", derr

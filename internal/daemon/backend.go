@@ -239,13 +239,14 @@ func (d *Daemon) Kill(ctx context.Context, agent, by string) error {
 	return nil
 }
 
-// Quarantine takes the agent out of service and preserves evidence.
+// Quarantine takes the agent out of service and preserves evidence. It
+// takes no lock shared with other operations: the exclusive mark keeps two
+// quarantines of one agent apart, and a quarantine of another agent (or a
+// reconcile) never waits behind this one's evidence copy.
 func (d *Daemon) Quarantine(ctx context.Context, agent, reason, by string) (string, error) {
 	if err := d.refuseRun(agent, "quarantined (stop or kill it; its audit stays)"); err != nil {
 		return "", err
 	}
-	d.op.Lock()
-	defer d.op.Unlock()
 	a := d.config().Agent(agent)
 	if a == nil { // removed by a reload since the call was authorized
 		return "", fmt.Errorf("%w: %q", bus.ErrNoSuchAgent, agent)
@@ -253,6 +254,13 @@ func (d *Daemon) Quarantine(ctx context.Context, agent, reason, by string) (stri
 	snap, _ := d.Agent(ctx, agent)
 	res, err := quarantine.Run(ctx, d.units, d.qdirs, quarantine.Request{
 		Agent: agent, Reason: reason, By: by, Workspace: a.Workspace, Status: snap, Log: d.log,
+		Limits: d.o.Evidence,
+		Contained: func() {
+			d.log.Warn("agent contained: stopped, egress cut; copying evidence", "agent", agent)
+			if d.o.Contained != nil {
+				d.o.Contained(agent)
+			}
+		},
 	})
 	if errors.Is(err, quarantine.ErrAlreadyQuarantined) {
 		return "", fmt.Errorf("%w: %v", bus.ErrIsQuarantined, err)

@@ -2,6 +2,7 @@ package render
 
 import (
 	"encoding/json"
+	"encoding/xml"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -292,27 +293,59 @@ func (r *renderer) templates() {
 func (r *renderer) dbusPolicy() {
 	// Everyone may call; caged authorizes each method from the caller's
 	// uid and groups against the declared accounts. Only root may own the
-	// name, so nobody can impersonate caged.
-	const policy = `<?xml version="1.0"?>
+	// name, so nobody can impersonate caged. Signals carrying audit data
+	// may be received only by root and the declared accounts: caged
+	// addresses each to subscribers allowed to view that agent, and this
+	// refusal holds even if a signal were broadcast or a host allowed
+	// eavesdropping. The accounts come from the config, so the file must
+	// be re-installed when they change (dbus-daemon reloads it itself).
+	var deny, allow strings.Builder
+	for _, sig := range paths.BusAuditSignals {
+		fmt.Fprintf(&deny, "    <deny receive_interface=%q receive_member=%q/>\n", paths.BusIface, sig)
+		fmt.Fprintf(&allow, "    <allow receive_interface=%q receive_member=%q/>\n", paths.BusIface, sig)
+	}
+	var b strings.Builder
+	b.WriteString(`<?xml version="1.0"?>
 <!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-BUS Bus Configuration 1.0//EN"
  "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
 <!-- Rendered by cagectl render. caged checks every method against the
-     declared accounts; this file only decides who may own and reach the name. -->
+     declared accounts; this file decides who may own and reach the name,
+     and who may receive signals carrying audit data (root and the
+     declared accounts; caged narrows that to each account's agents). -->
 <busconfig>
   <policy user="root">
     <allow own="org.nixcage.cage1"/>
     <allow send_destination="org.nixcage.cage1"/>
-  </policy>
+` + allow.String() + `  </policy>
   <policy context="default">
     <allow send_destination="org.nixcage.cage1" send_interface="org.freedesktop.DBus.Introspectable"/>
     <allow send_destination="org.nixcage.cage1" send_interface="org.freedesktop.DBus.Properties"/>
     <allow send_destination="org.nixcage.cage1" send_interface="org.freedesktop.DBus.Peer"/>
     <allow send_destination="org.nixcage.cage1" send_interface="org.nixcage.cage1.Manager"/>
     <allow send_destination="org.nixcage.cage1" send_interface="org.nixcage.cage1.Agent"/>
-  </policy>
-</busconfig>
-`
-	r.add("dbus-1/system.d/"+paths.BusName+".conf", 0o644, []byte(policy))
+` + deny.String() + `  </policy>
+`)
+	// Every role may view audit records, so every account may receive.
+	seen := map[string]bool{}
+	for _, a := range r.cfg.Accounts {
+		attr, who := "user", a.User
+		if who == "" {
+			attr, who = "group", a.Group
+		}
+		if who == "" || seen[attr+"="+who] {
+			continue
+		}
+		seen[attr+"="+who] = true
+		fmt.Fprintf(&b, "  <policy %s=\"%s\">\n%s  </policy>\n", attr, xmlText(who), allow.String())
+	}
+	b.WriteString("</busconfig>\n")
+	r.add("dbus-1/system.d/"+paths.BusName+".conf", 0o644, []byte(b.String()))
+}
+
+func xmlText(s string) string {
+	var b strings.Builder
+	xml.EscapeText(&b, []byte(s))
+	return b.String()
 }
 
 // tmpfiles creates the directories units expect before any of them runs and
