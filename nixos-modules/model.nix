@@ -27,6 +27,7 @@ let
     }) p.limits;
     dns = lib.mapNullable (d: clean {
       inherit (d) enabled;
+      allow_types = d.allowTypes;
       deny_types = d.denyTypes;
       max_label_length = d.maxLabelLength;
     }) p.dns;

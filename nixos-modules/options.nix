@@ -76,6 +76,7 @@ let
       dns = opt (types.submodule {
         options = {
           enabled = opt types.bool "Answer DNS for allowed names (default true).";
+          allowTypes = opt (types.listOf types.str) "Record types answered for allowed names (default A, AAAA, CNAME, HTTPS).";
           denyTypes = opt (types.listOf types.str) "Record types refused even for allowed names.";
           maxLabelLength = opt types.ints.positive "Longest DNS label answered.";
         };

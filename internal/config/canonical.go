@@ -142,6 +142,7 @@ func canonPolicy(p policy.Policy) map[string]any {
 		},
 		"dns": map[string]any{
 			"enabled":          p.DNS.Enabled,
+			"allow_types":      p.DNS.AllowTypes,
 			"deny_types":       p.DNS.DenyTypes,
 			"max_label_length": p.DNS.MaxLabelLength,
 		},

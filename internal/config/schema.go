@@ -111,6 +111,7 @@ type limitsV1 struct {
 type dnsV1 struct {
 	Body           hcl.Body `hcl:",body"`
 	Enabled        *bool    `hcl:"enabled,optional"`
+	AllowTypes     []string `hcl:"allow_types,optional"`
 	DenyTypes      []string `hcl:"deny_types,optional"`
 	MaxLabelLength *int     `hcl:"max_label_length,optional"`
 }

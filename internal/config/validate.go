@@ -502,7 +502,7 @@ func (v *validator) resolvePolicy(name string, p *policyV1) *resolvedPolicy {
 			MaxBodyBytes:       policy.DefaultMaxBodyBytes,
 			IdleTimeoutSeconds: policy.DefaultIdleTimeoutSeconds,
 		},
-		DNS: policy.DNS{Enabled: true, DenyTypes: append([]string(nil), policy.DefaultDNSDenyTypes...), MaxLabelLength: policy.DefaultMaxLabelLength},
+		DNS: policy.DNS{Enabled: true, AllowTypes: append([]string(nil), policy.DefaultDNSAllowTypes...), DenyTypes: append([]string(nil), policy.DefaultDNSDenyTypes...), MaxLabelLength: policy.DefaultMaxLabelLength},
 	}
 	if len(out.Ports) == 0 {
 		out.Ports = []int{DefaultPort}
@@ -606,15 +606,11 @@ func (v *validator) resolvePolicy(name string, p *policyV1) *resolvedPolicy {
 		if d.Enabled != nil {
 			out.DNS.Enabled = *d.Enabled
 		}
+		if d.AllowTypes != nil {
+			out.DNS.AllowTypes = v.dnsTypes(name, d.Body, "allow_types", d.AllowTypes)
+		}
 		if d.DenyTypes != nil {
-			out.DNS.DenyTypes = nil
-			for _, t := range d.DenyTypes {
-				up := strings.ToUpper(t)
-				if _, ok := dns.StringToType[up]; !ok {
-					v.errorf(at(d.Body, "deny_types"), "Unknown DNS record type", "egress_policy %q: %q is not a DNS record type; write names such as \"TXT\" or \"ANY\".", name, t)
-				}
-				out.DNS.DenyTypes = append(out.DNS.DenyTypes, up)
-			}
+			out.DNS.DenyTypes = v.dnsTypes(name, d.Body, "deny_types", d.DenyTypes)
 		}
 		if d.MaxLabelLength != nil {
 			if *d.MaxLabelLength < 1 || *d.MaxLabelLength > 63 {
@@ -637,6 +633,19 @@ func (v *validator) resolvePolicy(name string, p *policyV1) *resolvedPolicy {
 		creds[c.Name] = c
 	}
 	return &resolvedPolicy{p: out, credentials: creds}
+}
+
+// dnsTypes checks and upper-cases a list of DNS record type names.
+func (v *validator) dnsTypes(name string, body hcl.Body, attr string, list []string) []string {
+	out := []string{}
+	for _, t := range list {
+		up := strings.ToUpper(t)
+		if _, ok := dns.StringToType[up]; !ok {
+			v.errorf(at(body, attr), "Unknown DNS record type", "egress_policy %q: %s: %q is not a DNS record type; write names such as \"TXT\" or \"ANY\".", name, attr, t)
+		}
+		out = append(out, up)
+	}
+	return out
 }
 
 func (v *validator) inspectors(name string, p *policyV1, maxBody int64) []policy.Inspector {
