@@ -35,7 +35,7 @@ func logger(env *Env) *slog.Logger {
 
 func runApply(ctx context.Context, env *Env, args []string) error {
 	fl := newFlags(env, "apply")
-	sf := addStoreFlags(fl, true)
+	sf := addStoreFlags(fl, sfKeys|sfApply|sfKeep|sfOffline)
 	verbose := fl.Bool("v", false, "print how long each step took")
 	addr := addBusFlag(fl, env)
 	pos, err := parseFlags(fl, args)
@@ -88,7 +88,7 @@ func runApply(ctx context.Context, env *Env, args []string) error {
 
 func runRollback(ctx context.Context, env *Env, args []string) error {
 	fl := newFlags(env, "rollback")
-	sf := addStoreFlags(fl, true)
+	sf := addStoreFlags(fl, sfOffline)
 	addr := addBusFlag(fl, env)
 	to := fl.Uint64("to", 0, "generation to switch to (default: the newest older one)")
 	pos, err := parseFlags(fl, args)

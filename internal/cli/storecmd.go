@@ -34,7 +34,7 @@ func init() {
 // commands take no lock and change nothing.
 func runGenerations(_ context.Context, env *Env, args []string) error {
 	fl := newFlags(env, "generations")
-	sf := addStoreFlags(fl, false)
+	sf := addStoreFlags(fl, 0)
 	asJSON := fl.Bool("json", false, "print JSON")
 	pos, err := parseFlags(fl, args)
 	if err != nil {
@@ -78,7 +78,7 @@ func runGenerations(_ context.Context, env *Env, args []string) error {
 
 func runStoreVerify(ctx context.Context, env *Env, args []string) error {
 	fl := newFlags(env, "store verify")
-	sf := addStoreFlags(fl, false)
+	sf := addStoreFlags(fl, sfKeys)
 	all := fl.Bool("all", false, "verify every kept generation, not only the current one")
 	pos, err := parseFlags(fl, args)
 	if err != nil {
@@ -112,7 +112,7 @@ func runStoreVerify(ctx context.Context, env *Env, args []string) error {
 
 func runStoreGC(ctx context.Context, env *Env, args []string) error {
 	fl := newFlags(env, "store gc")
-	sf := addStoreFlags(fl, true)
+	sf := addStoreFlags(fl, sfKeep|sfOffline)
 	pos, err := parseFlags(fl, args)
 	if err != nil {
 		return err

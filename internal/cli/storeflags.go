@@ -35,17 +35,31 @@ type storeFlags struct {
 	jobs      int
 }
 
-func addStoreFlags(fs *flag.FlagSet, writer bool) *storeFlags {
-	sf := &storeFlags{}
+// Which store flags a command takes: each lists only what it reads.
+const (
+	sfKeys    = 1 << iota // --key, --threshold: verifying signatures
+	sfApply               // --channel, --nix-key, --jobs: accepting a release
+	sfKeep                // --keep: pruning generations
+	sfOffline             // --offline: acting on the store without caged
+)
+
+func addStoreFlags(fs *flag.FlagSet, which int) *storeFlags {
+	sf := &storeFlags{threshold: 1, keep: 3}
 	fs.StringVar(&sf.root, "store", paths.DefaultStoreRoot, "store root `DIR`")
-	fs.Var(&sf.keys, "key", "trusted release public key `PEM` file (repeatable)")
-	fs.IntVar(&sf.threshold, "threshold", 1, "distinct trusted keys that must have signed")
-	if writer {
+	if which&sfKeys != 0 {
+		fs.Var(&sf.keys, "key", "trusted release public key `PEM` file (repeatable)")
+		fs.IntVar(&sf.threshold, "threshold", 1, "distinct trusted keys that must have signed")
+	}
+	if which&sfApply != 0 {
 		fs.StringVar(&sf.channel, "channel", "", "channel the store follows")
 		fs.Var(&sf.nixKeys, "nix-key", "trusted Nix public key `name:base64`; every narinfo must then be signed (repeatable)")
-		fs.IntVar(&sf.keep, "keep", 3, "generations to keep")
-		fs.BoolVar(&sf.offline, "offline", false, "act directly on the store root instead of asking caged (bootstrap, tests)")
 		fs.IntVar(&sf.jobs, "jobs", 0, "NARs unpacked in parallel (0: automatic)")
+	}
+	if which&sfKeep != 0 {
+		fs.IntVar(&sf.keep, "keep", 3, "generations to keep")
+	}
+	if which&sfOffline != 0 {
+		fs.BoolVar(&sf.offline, "offline", false, "act directly on the store root instead of asking caged (as root; bootstrap, tests)")
 	}
 	return sf
 }
