@@ -47,7 +47,7 @@ func init() {
 }
 
 func (m *manager) ApplyConfig(sender dbus.Sender, files []ConfigSource, dryRun bool) (ConfigPlan, *dbus.Error) {
-	id, derr := m.s.authorize(sender, ActAdmin, "", "ApplyConfig")
+	id, derr := m.s.authorize(sender, ActAdmin, "ApplyConfig")
 	if derr != nil {
 		return ConfigPlan{}, derr
 	}
@@ -62,7 +62,7 @@ func (m *manager) ApplyConfig(sender dbus.Sender, files []ConfigSource, dryRun b
 }
 
 func (m *manager) RotateSecret(sender dbus.Sender, agent, secret string, newPlaceholder bool) (string, *dbus.Error) {
-	id, derr := m.s.authorize(sender, ActOperate, agent, "RotateSecret")
+	id, derr := m.s.authorizeAgent(sender, ActOperate, agent, "RotateSecret")
 	if derr != nil {
 		return "", derr
 	}

@@ -283,6 +283,17 @@ func TestMethodsAsRoot(t *testing.T) {
 	if err := c.Start(ctx, "nope"); !errors.Is(err, bus.ErrNoSuchAgent) {
 		t.Errorf("start of an unknown agent: %v", err)
 	}
+	// An empty name is no agent, even for root: it must never reach the
+	// backend (where it would name the unit "nixcage-agent@.service").
+	if err := c.Stop(ctx, ""); !errors.Is(err, bus.ErrNoSuchAgent) {
+		t.Errorf("stop of the empty agent name: %v", err)
+	}
+	if _, err := c.Quarantine(ctx, "", "x"); !errors.Is(err, bus.ErrNoSuchAgent) {
+		t.Errorf("quarantine of the empty agent name: %v", err)
+	}
+	if _, _, err := c.ReadAudit(ctx, "", 0, 1); !errors.Is(err, bus.ErrNoSuchAgent) {
+		t.Errorf("audit of the empty agent name: %v", err)
+	}
 	if err := c.Ping(ctx); err != nil {
 		t.Error(err)
 	}
@@ -441,6 +452,9 @@ func TestMain(m *testing.M) {
 
 func helper(addr, what string) int {
 	ctx := context.Background()
+	if what == "watch" || what == "eavesdrop" {
+		return streamHelper(addr, what)
+	}
 	if what == "own" {
 		c, err := bustest.Dial(addr)
 		if err != nil {

@@ -116,6 +116,14 @@ var help = map[string]helpText{
 		long:     "Switches the store back to an older kept generation, through caged (admin role) unless --offline. Logged and signalled; releases must still be above the highest generation ever accepted.",
 		examples: []string{"cagectl rollback", "cagectl rollback --to 41", "cagectl rollback --offline --store /var/lib/nixcage/store"},
 	},
+	"run": {
+		long:     "A throw-away cage with a declared agent's walls (network namespace, gateway, sandbox), made by caged at run time and removed on exit. The terminal crosses the bus as file descriptors; the current directory is the workspace unless --workspace or --no-workspace. Egress follows --policy or --allow; --secret FILEs are read by cagectl and held by the gateway, the cage sees placeholders. Operator role.",
+		examples: []string{"cagectl run --policy claude-code --secret anthropic:ANTHROPIC_API_KEY=/root/keys/anthropic -- claude", "cagectl run --allow github.com --no-workspace -- git ls-remote https://github.com/nixcage/nixcage"},
+	},
+	"store binds": {
+		long:     "What a cage start binds from the store: every path resolved inside the store, any link out of it refused. Prints SRC:DST lines (service) or nspawn/podman options. Reads only.",
+		examples: []string{"cagectl store binds", "cagectl store binds --for nspawn"},
+	},
 	"secret rotate": {
 		long:     "After you changed a secret's source file: the gateway is restarted and re-reads it, and the agent keeps running with its placeholder if the new value fits it (same length and provider prefix). Otherwise, or with --new-placeholder, the prepare step makes a new placeholder and the cage is restarted with it. NAME defaults to all of the agent's secrets. Operator role.",
 		examples: []string{"cagectl secret rotate claude anthropic", "cagectl secret rotate claude --new-placeholder"},

@@ -51,6 +51,16 @@ func (g *Gateway) forwardWith(w http.ResponseWriter, r *http.Request, t *target,
 		g.refuse(w, r, rec, b, start)
 		return
 	}
+	ws := isWebSocket(r)
+	ruleName, b := decideRules(st, t, r, ws)
+	if b != nil {
+		drain(r.Body)
+		g.refuse(w, r, rec, b, start)
+		return
+	}
+	if ruleName != "" {
+		rec.Rule = ruleName
+	}
 	for _, h := range hopHeaders {
 		r.Header.Del(h)
 	}
@@ -58,6 +68,10 @@ func (g *Gateway) forwardWith(w http.ResponseWriter, r *http.Request, t *target,
 	if b != nil {
 		drain(r.Body)
 		g.refuse(w, r, rec, b, start)
+		return
+	}
+	if ws {
+		g.websocket(w, r, t, rec, start, flags, scheme)
 		return
 	}
 	body, b := inspectBody(st, t, r)
@@ -145,6 +159,33 @@ func decideRequest(st *state, t *target, r *http.Request) *blockedErr {
 		return block(http.StatusRequestEntityTooLarge, "max-body-bytes", "request body of %d bytes exceeds %d", r.ContentLength, st.maxBody)
 	}
 	return nil
+}
+
+// decideRules applies the policy's http_rule blocks and websocket setting
+// (policy.DecideHTTP: deny wins, a host with allow rules needs a match). It
+// returns the rule that allowed the request, if one did.
+func decideRules(st *state, t *target, r *http.Request, ws bool) (string, *blockedErr) {
+	d := st.pol.DecideHTTP(t.host, r.Method, r.URL.EscapedPath(), r.URL.Path, ws)
+	if d.Result == policy.Deny {
+		return "", block(http.StatusForbidden, d.Rule, "%s", d.Reason)
+	}
+	return d.Rule, nil
+}
+
+// isWebSocket reports whether r is a WebSocket handshake (RFC 6455 §4.1).
+func isWebSocket(r *http.Request) bool {
+	return r.Method == http.MethodGet && headerHasToken(r.Header, "Connection", "upgrade") && headerHasToken(r.Header, "Upgrade", "websocket")
+}
+
+func headerHasToken(h http.Header, name, token string) bool {
+	for _, v := range h.Values(name) {
+		for _, t := range strings.Split(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(t), token) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // headParts is the request line and headers as inspectors see them.

@@ -40,14 +40,11 @@ import (
 	"github.com/nixcage/nixcage/internal/policy"
 )
 
-// Gateway defaults for limits a policy leaves at zero.
+// Limits a document leaves at zero take the model's defaults
+// (policy.Default*): one value per knob.
 const (
-	DefaultMaxTunnels     = 1024
-	DefaultMaxHeaderBytes = 64 << 10
-	DefaultMaxBodyBytes   = 32 << 20
-	DefaultIdleTimeout    = 5 * time.Minute
-	handshakeTimeout      = 15 * time.Second
-	dialTimeout           = 15 * time.Second
+	handshakeTimeout = 15 * time.Second
+	dialTimeout      = 15 * time.Second
 )
 
 // Resolver looks up addresses; *net.Resolver implements it.
@@ -85,14 +82,16 @@ type Options struct {
 
 // Gateway is one agent's egress gateway.
 type Gateway struct {
-	st      atomic.Pointer[state]
-	opts    Options
-	tunnels atomic.Int64
-	own     map[netip.Addr]bool
-	mu      sync.Mutex
-	listen  map[netip.AddrPort]bool
-	h1, h2  *http.Transport
-	log     *slog.Logger
+	st   atomic.Pointer[state]
+	opts Options
+	// held counts connections, tunnels and HTTP/2 streams (max_tunnels).
+	held     atomic.Int64
+	refusers atomic.Int64
+	own      map[netip.Addr]bool
+	mu       sync.Mutex
+	listen   map[netip.AddrPort]bool
+	h1, h2   *http.Transport
+	log      *slog.Logger
 }
 
 // New builds a gateway from a runtime document. Any inconsistency is an
@@ -108,6 +107,8 @@ func New(rt *policy.Runtime, opts Options) (*Gateway, error) {
 		opts.Log = slog.Default()
 	}
 	g := &Gateway{opts: opts, own: netguard.OwnAddrs(), listen: map[netip.AddrPort]bool{}, log: opts.Log}
+	opts.Audit.SetBudget(audit.ClassDNS, audit.DefaultBudget)
+	opts.Audit.SetBudget(audit.ClassCap, audit.DefaultBudget)
 	st, err := g.build(rt)
 	if err != nil {
 		return nil, err
@@ -166,10 +167,10 @@ func (g *Gateway) build(rt *policy.Runtime) (*state, error) {
 			Forbidden:           g.listenersSnapshot(),
 		},
 		limiter:   newLimiter(rt.Policy.RateLimit),
-		maxTun:    orDefault(lim.MaxTunnels, DefaultMaxTunnels),
-		maxHeader: orDefault(lim.MaxHeaderBytes, DefaultMaxHeaderBytes),
-		maxBody:   orDefault(lim.MaxBodyBytes, DefaultMaxBodyBytes),
-		idle:      time.Duration(orDefault(lim.IdleTimeoutSeconds, int(DefaultIdleTimeout/time.Second))) * time.Second,
+		maxTun:    orDefault(lim.MaxTunnels, policy.DefaultMaxTunnels),
+		maxHeader: orDefault(lim.MaxHeaderBytes, policy.DefaultMaxHeaderBytes),
+		maxBody:   orDefault(lim.MaxBodyBytes, policy.DefaultMaxBodyBytes),
+		idle:      time.Duration(orDefault(lim.IdleTimeoutSeconds, policy.DefaultIdleTimeoutSeconds)) * time.Second,
 	}
 	return st, nil
 }

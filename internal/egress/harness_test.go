@@ -139,6 +139,10 @@ func (u *upstream) lastSeen() *seen {
 }
 
 func (u *upstream) handler(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/ws" {
+		u.websocket(w, r)
+		return
+	}
 	if strings.HasPrefix(r.URL.Path, "/echo/") {
 		u.echo(w, r)
 		return
@@ -303,6 +307,8 @@ func testRuntime(dir string, u *upstream) *policy.Runtime {
 			Deny:    []string{"denied.example.com"},
 			Ports:   []int{u.tlsPort, u.httpPort},
 			Inspect: []string{"api.example.com", "other.example.com"},
+			// The config model's default (config.DefaultWebSocket).
+			WebSocket: true,
 			Inspectors: []policy.Inspector{
 				{Name: policy.InspectRealValues, Action: policy.ActionBlock},
 				{Name: policy.InspectSecretPatterns, Action: policy.ActionBlock},

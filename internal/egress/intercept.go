@@ -91,15 +91,24 @@ func (g *Gateway) intercept(raw net.Conn, pre []byte, t *target, rec audit.Recor
 	h2 := tc.ConnectionState().NegotiatedProtocol == "h2"
 	l := &oneConnListener{conn: tc, done: make(chan struct{})}
 	var closeOnce sync.Once
+	// A hijacked connection (a WebSocket relay) is done when its handler
+	// returns, not when net/http lets go of it.
+	var hijacked atomic.Bool
 	srv := &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			g.serveInner(w, r, t, h2)
+			if hijacked.Load() {
+				closeOnce.Do(func() { close(l.done) })
+			}
 		}),
-		ReadHeaderTimeout: 30 * time.Second,
+		ReadHeaderTimeout: headerTimeout,
 		IdleTimeout:       t.st.idle,
 		MaxHeaderBytes:    t.st.maxHeader + 4096,
 		ConnState: func(_ net.Conn, s http.ConnState) {
-			if s == http.StateClosed || s == http.StateHijacked {
+			switch s {
+			case http.StateHijacked:
+				hijacked.Store(true)
+			case http.StateClosed:
 				closeOnce.Do(func() { close(l.done) })
 			}
 		},
@@ -108,6 +117,7 @@ func (g *Gateway) intercept(raw net.Conn, pre []byte, t *target, rec audit.Recor
 	p.SetHTTP1(true)
 	p.SetHTTP2(true)
 	srv.Protocols = &p
+	srv.HTTP2 = h2Limits
 	if err := srv.Serve(l); err != nil && !errors.Is(err, net.ErrClosed) {
 		g.log.Debug("intercepted connection ended", "host", t.host, "err", err)
 	}
@@ -149,6 +159,19 @@ func (g *Gateway) serveInner(w http.ResponseWriter, r *http.Request, t *target, 
 		g.refuse(w, r, rec, block(http.StatusTooManyRequests, "rate-limit", "rate limit for %s exceeded", t.host), start)
 		return
 	}
+	if h2 {
+		// Each HTTP/2 stream holds gateway memory like a connection does,
+		// so it takes a slot of its own (the tunnel holds one already).
+		release, n, limit, ok := g.acquire()
+		if !ok {
+			b := block(http.StatusServiceUnavailable, "max-tunnels", "%d connections and streams open, limit %d", n, limit)
+			b.keepConn = true
+			g.refuse(w, r, rec, b, start)
+			return
+		}
+		defer release()
+	}
+	g.limitBody(w, r, t.st)
 	tr := g.h1
 	if h2 {
 		tr = g.h2

@@ -1,6 +1,10 @@
 package egress
 
 import (
+	"errors"
+	"io"
+	"net/http"
+	"os"
 	"sync"
 	"time"
 
@@ -51,4 +55,74 @@ func (l *limiter) allow(host string) bool {
 	}
 	b.tokens--
 	return true
+}
+
+// Read timeouts against slow clients (slowloris). A request header must be
+// complete within headerTimeout (the servers' ReadHeaderTimeout); a request
+// body must make progress, some byte within bodyIdleTimeout of the last,
+// and be complete within bodyTimeout (both shortened to the policy's idle
+// timeout when that is shorter). Each stalled request still holds a
+// slot (max_tunnels) until then, so the cap bounds how many can stall.
+const (
+	headerTimeout   = 30 * time.Second
+	bodyIdleTimeout = 30 * time.Second
+	bodyTimeout     = 10 * time.Minute
+)
+
+// h2Limits bound what one intercepted HTTP/2 connection can make the
+// gateway hold: 32 concurrent streams (not net/http's 250; each also takes a
+// max_tunnels slot), 64 KiB frames, and flow-control windows the agent must
+// wait on instead of gateway memory.
+var h2Limits = &http.HTTP2Config{
+	MaxConcurrentStreams:          32,
+	MaxReadFrameSize:              64 << 10,
+	MaxReceiveBufferPerConnection: 1 << 20,
+	MaxReceiveBufferPerStream:     256 << 10,
+	MaxDecoderHeaderTableSize:     4 << 10,
+}
+
+// errBodyStalled ends a request body the agent sends too slowly.
+type errBodyStalled struct{ what string }
+
+func (e errBodyStalled) Error() string {
+	return "request body " + e.what + " (body read timeout)"
+}
+
+// deadlineBody sets the connection's (or HTTP/2 stream's) read deadline
+// before each read of the request body, and clears it at the end so a
+// long response on the same request is not cut off.
+type deadlineBody struct {
+	io.ReadCloser
+	rc       *http.ResponseController
+	idle     time.Duration
+	deadline time.Time
+}
+
+// limitBody puts r's body under the body read timeouts.
+func (g *Gateway) limitBody(w http.ResponseWriter, r *http.Request, st *state) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return
+	}
+	r.Body = &deadlineBody{ReadCloser: r.Body, rc: http.NewResponseController(w), idle: min(bodyIdleTimeout, st.idle), deadline: time.Now().Add(min(bodyTimeout, st.idle))}
+}
+
+func (b *deadlineBody) Read(p []byte) (int, error) {
+	d := time.Now().Add(b.idle)
+	if b.deadline.Before(d) {
+		d = b.deadline
+	}
+	_ = b.rc.SetReadDeadline(d)
+	n, err := b.ReadCloser.Read(p)
+	switch {
+	case err == nil:
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		what := "stalled"
+		if !time.Now().Before(b.deadline) {
+			what = "took too long"
+		}
+		return n, errBodyStalled{what}
+	default:
+		_ = b.rc.SetReadDeadline(time.Time{})
+	}
+	return n, err
 }

@@ -27,7 +27,7 @@ func (g *Gateway) NewProxyServer() *http.Server {
 	st := g.st.Load()
 	return &http.Server{
 		Handler:           g.Handler(),
-		ReadHeaderTimeout: min(30*time.Second, st.idle),
+		ReadHeaderTimeout: min(headerTimeout, st.idle),
 		IdleTimeout:       st.idle,
 		// The handler enforces the policy limit with an audit record; this
 		// is the hard cap for headers too large to even parse.
@@ -48,6 +48,9 @@ type blockedErr struct {
 	status int
 	reason string
 	rule   string
+	// keepConn: refuse one request (an HTTP/2 stream) without closing the
+	// connection the agent's other requests share.
+	keepConn bool
 }
 
 func (b *blockedErr) Error() string { return b.reason }
@@ -99,6 +102,7 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	t := &target{st: st, host: host, port: port, dst: dst, rule: dec.Rule}
+	g.limitBody(w, r, t.st)
 	g.forward(w, r, t, rec, start)
 }
 
@@ -154,19 +158,8 @@ func (g *Gateway) handleConnect(w http.ResponseWriter, r *http.Request, st *stat
 		g.refuse(w, r, rec, block(http.StatusTooManyRequests, "rate-limit", "rate limit for %s exceeded", host), start)
 		return
 	}
-	if n := g.tunnels.Add(1); n > int64(st.maxTun) {
-		g.tunnels.Add(-1)
-		g.refuse(w, r, rec, block(http.StatusServiceUnavailable, "max-tunnels", "%d tunnels open, limit %d", n-1, st.maxTun), start)
-		return
-	}
-	// The slot is released when the tunnel ends, on whichever goroutine
-	// that is.
-	handedOff := false
-	defer func() {
-		if !handedOff {
-			g.tunnels.Add(-1)
-		}
-	}()
+	// The connection's slot (taken at accept) is the tunnel's: it is
+	// released when the tunnel ends, on whichever goroutine that is.
 	dst, err := g.resolve(r.Context(), st, host, port)
 	if err != nil {
 		g.refuse(w, r, rec, resolveBlock(err), start)
@@ -178,10 +171,11 @@ func (g *Gateway) handleConnect(w http.ResponseWriter, r *http.Request, st *stat
 		g.refuse(w, r, rec, block(http.StatusInternalServerError, "hijack", "cannot take over connection: %v", err), start)
 		return
 	}
-	conn := rawConn(hc)
+	conn, release := rawConn(hc)
 	_ = conn.SetDeadline(time.Time{})
 	if _, err := io.WriteString(conn, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 		conn.Close()
+		release()
 		return
 	}
 	var pre []byte
@@ -193,9 +187,8 @@ func (g *Gateway) handleConnect(w http.ResponseWriter, r *http.Request, st *stat
 	// Run the tunnel on a fresh goroutine and let the HTTP server's
 	// connection goroutine end: it would otherwise pin the request, its
 	// buffers and a grown stack for the tunnel's whole life.
-	handedOff = true
 	go func() {
-		defer g.tunnels.Add(-1)
+		defer release()
 		defer conn.Close()
 		if st.intercepts(host) {
 			g.intercept(conn, pre, t, rec, start)

@@ -63,10 +63,16 @@ func fixFor(rule string) string {
 		return "send secret " + arg + "'s placeholder only to the hosts in its secret block, over https; or add the host there"
 	case "inspector":
 		return "the request carried what inspector " + arg + " blocks; remove it from the request, or set that inspector's action = \"flag\" (real_values always blocks)"
-	case "http_rule", "http-rule-default":
-		return "edit the egress policy's http_rule blocks (" + rule + ")"
+	case "http_rule":
+		return "edit or remove http_rule \"" + arg + "\" in the egress policy (deny rules win over allow rules)"
+	case "http-rule-default":
+		return "add an http_rule with action = \"allow\" matching this method and path for the host, or remove the host's allow rules"
+	case "http-rule-path":
+		return "send the path in canonical form (no //, /./, /../, %2e, %5c, %25): http_rule blocks match clean paths only"
 	case "websocket":
 		return "set websocket = true in the egress policy to allow WebSocket on intercepted hosts"
+	case "websocket-protocol", "websocket-extension":
+		return "the WebSocket peer broke the protocol or negotiated an extension the gateway cannot inspect; no setting allows this"
 	case "rate-limit":
 		return "wait, or raise the egress policy's rate_limit"
 	case "max-tunnels", "max-conns":
@@ -98,7 +104,9 @@ func writeDenial(w http.ResponseWriter, r *http.Request, b *blockedErr) {
 	h := w.Header()
 	h.Set("X-Nixcage-Egress", "blocked")
 	h.Set("X-Nixcage-Rule", b.rule)
-	h.Set("Connection", "close")
+	if !b.keepConn {
+		h.Set("Connection", "close")
+	}
 	h.Set("Cache-Control", "no-store")
 	if wantsJSON(r) {
 		typ := "permission_error"

@@ -330,10 +330,14 @@ func (r *Reconciler) applyRender(ctx context.Context, cfg *config.Config, res *R
 	if len(changed)+len(res.Removed) == 0 {
 		return errs
 	}
-	if err := r.Units.SD.ReloadContext(ctx); err != nil {
-		return append(errs, fmt.Errorf("daemon-reload: %w", err))
+	// systemd reads only unit files; a changed runtime document (the
+	// canonical config, egress.json) needs restarts, not a reload.
+	if touchesUnits(changed) || touchesUnits(res.Removed) {
+		if err := r.Units.SD.ReloadContext(ctx); err != nil {
+			return append(errs, fmt.Errorf("daemon-reload: %w", err))
+		}
+		res.Reloaded = true
 	}
-	res.Reloaded = true
 
 	affected := affectedUnits(changed, cfg)
 	if len(affected) == 0 {
@@ -381,6 +385,15 @@ func (r *Reconciler) autostartCandidates(ctx context.Context, cfg *config.Config
 		start = append(start, u)
 	}
 	return start, skipped, nil
+}
+
+func touchesUnits(files []string) bool {
+	for _, p := range files {
+		if strings.HasPrefix(p, "systemd/") {
+			return true
+		}
+	}
+	return false
 }
 
 // autostart starts agents declared with autostart that are down.

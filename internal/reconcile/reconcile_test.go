@@ -148,7 +148,7 @@ agent "beta" {
   autostart = false
 }
 `,
-			calls: []string{"Reload", "RestartUnit " + paths.Instance(paths.PrepTemplate, "alpha")},
+			calls: []string{"RestartUnit " + paths.Instance(paths.PrepTemplate, "alpha")},
 			check: func(t *testing.T, res *reconcile.Result) {
 				if a, _ := e.sd.State(agentA); a != "active" {
 					t.Errorf("alpha is %s after its prepare step restarted, want active", a)

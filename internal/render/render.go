@@ -86,6 +86,7 @@ type renderer struct {
 	cfg   *config.Config
 	o     Options
 	files []File
+	run   *Throwaway // set when rendering a throw-away cage
 }
 
 func (r *renderer) add(path string, mode os.FileMode, data []byte) {

@@ -47,9 +47,9 @@ type Set struct {
 
 // Defaults used when an inspector leaves its parameter at zero.
 const (
-	DefaultEntropyBits   = 4.5
-	DefaultEntropyMinLen = 32
-	DefaultBlobMinLen    = 256
+	DefaultEntropyBits   = policy.DefaultEntropyBits
+	DefaultEntropyMinLen = policy.DefaultEntropyMinLength
+	DefaultBlobMinLen    = policy.DefaultBlobMinLength
 )
 
 // entropyCap is the longest token the entropy check judges whole; a longer

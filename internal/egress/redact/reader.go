@@ -123,3 +123,45 @@ func (r *Reader) rewrite(limit int) {
 		r.res.add(x.Form.Secret, false)
 	}, func(f *Form, _ int) { r.res.add(f.Secret, true) })
 }
+
+// Stream is the push form of Reader, for data that arrives in pieces the
+// caller reads itself (WebSocket frames): Write returns what may go on,
+// holding back the same fixed Hold() bytes, and Close returns the rest.
+// What is returned is valid until the next call.
+type Stream struct{ r Reader }
+
+// NewStream starts a rewrite of one stream.
+func (m *Matcher) NewStream() *Stream {
+	s := &Stream{}
+	s.r.m = m
+	if m.maxLen > 0 {
+		s.r.hold = m.maxLen - 1
+	}
+	return s
+}
+
+// Write adds p and returns the bytes now rewritten and released.
+func (s *Stream) Write(p []byte) []byte {
+	r := &s.r
+	r.buf = append(r.buf[r.ready:], p...)
+	r.scan -= r.ready
+	r.ready = 0
+	if limit := len(r.buf) - r.hold; limit > 0 {
+		r.rewrite(limit)
+		r.ready = limit
+	}
+	return r.buf[:r.ready]
+}
+
+// Close releases everything left, rewritten.
+func (s *Stream) Close() []byte {
+	r := &s.r
+	r.buf = r.buf[r.ready:]
+	r.scan -= r.ready
+	r.rewrite(len(r.buf))
+	r.ready = len(r.buf)
+	return r.buf
+}
+
+// Result says which secrets were redacted and near-matched so far.
+func (s *Stream) Result() Result { return s.r.res }

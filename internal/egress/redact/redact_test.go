@@ -178,3 +178,30 @@ func BenchmarkReader(b *testing.B) {
 		r.Release()
 	}
 }
+
+// The push Stream agrees with the whole rewrite and releases, after each
+// write, everything but the fixed hold-back.
+func TestStreamMatchesWhole(t *testing.T) {
+	m := matcher(t)
+	in := "a " + real + " b " + base64.StdEncoding.EncodeToString([]byte("u:"+real)) + strings.Repeat(" c", 300)
+	var res Result
+	want := m.String(in, &res)
+	for _, step := range []int{1, 5, 64, 1000} {
+		s := m.NewStream()
+		var out []byte
+		total := 0
+		for i := 0; i < len(in); i += step {
+			chunk := in[i:min(i+step, len(in))]
+			total += len(chunk)
+			got := s.Write([]byte(chunk))
+			out = append(out, got...)
+			if len(out) != max(0, total-m.MaxLen()+1) {
+				t.Fatalf("step %d: released %d of %d, want all but the hold-back", step, len(out), total)
+			}
+		}
+		out = append(out, s.Close()...)
+		if string(out) != want || !s.Result().Redacted["anthropic"] {
+			t.Fatalf("step %d: got %q", step, out)
+		}
+	}
+}
