@@ -76,6 +76,10 @@ var help = map[string]helpText{
 		long:     "Writes PREFIX.key (the private key, mode 0600, never overwritten) and PREFIX.pub. Put the .pub file in the store block's keys; keep the .key file off the appliance.",
 		examples: []string{"cagectl key generate --out /root/keys/release", "cagectl key generate --out ci-signer --type ecdsa-p256"},
 	},
+	"key rotate": {
+		long:     "Signs key set version N with the current root keys: the release keys it trusts (keys left out are revoked), how many must sign a release, and the root keys that sign the next set. Put DIR/keys/N.json and its .sig next to releases; caged accepts a set only if the previous root vouches for it.",
+		examples: []string{"cagectl key rotate --root-key /root/keys/root.key --version 2 --release-key ci.pub --release-key ops.pub --threshold 1 --out /srv/releases"},
+	},
 	"kill": {
 		long:     "SIGKILL to every process of the agent's cgroup at once, logged by caged at warning level with the caller and signalled as AgentKilled. With Restart=on-failure systemd starts the agent again; quarantine it to keep it down. Operator role.",
 		examples: []string{"cagectl kill claude"},

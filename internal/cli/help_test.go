@@ -52,7 +52,7 @@ func TestGroupAndVersion(t *testing.T) {
 // rollback and store gc list only the flags they read.
 func TestHelpListsOnlyOwnFlags(t *testing.T) {
 	for cmd, absent := range map[string][]string{
-		"rollback":     {"--channel", "--jobs", "--nix-key", "--key", "--keep", "--threshold"},
+		"rollback":     {"--jobs", "--nix-key", "--keep", "--expiry-warning"},
 		"store gc":     {"--channel", "--jobs", "--nix-key", "--key", "--threshold"},
 		"generations":  {"--key", "--offline"},
 		"store verify": {"--offline", "--channel"},
