@@ -274,6 +274,12 @@ func rawChunks(t *testing.T, h *harness, path string, hdr http.Header) []int {
 			break
 		}
 	}
+	return chunkSizes(t, br)
+}
+
+// chunkSizes reads a chunked body and returns its chunks' sizes.
+func chunkSizes(t *testing.T, br *bufio.Reader) []int {
+	t.Helper()
 	var sizes []int
 	for {
 		line, err := br.ReadString('\n')
@@ -323,23 +329,7 @@ func TestThreatRedactorOracle(t *testing.T) {
 			if err != nil {
 				t.Fatalf("curl: %v", err)
 			}
-			var sizes []int
-			br := bufio.NewReader(bytes.NewReader(out))
-			for {
-				line, err := br.ReadString('\n')
-				if err != nil {
-					t.Fatalf("raw chunked body %q: %v", out, err)
-				}
-				n, err := strconv.ParseInt(strings.TrimSpace(line), 16, 64)
-				if err != nil {
-					t.Fatalf("chunk size line %q", line)
-				}
-				if n == 0 {
-					return sizes
-				}
-				sizes = append(sizes, int(n))
-				io.CopyN(io.Discard, br, n+2)
-			}
+			return chunkSizes(t, bufio.NewReader(bytes.NewReader(out)))
 		}
 		if a, b := chunks(right), chunks(wrong); !slices.Equal(a, b) {
 			t.Fatalf("curl sees chunk lengths that depend on the guess: right %v, wrong %v", a, b)
