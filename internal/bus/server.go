@@ -31,7 +31,9 @@ type Backend interface {
 	Quarantine(ctx context.Context, agent, reason, by string) (evidence string, err error)
 	Release(ctx context.Context, agent, by string) error
 	Apply(ctx context.Context, source, by string) (*ApplyResult, error)
-	Rollback(ctx context.Context, to uint64, by string) (from, now uint64, err error)
+	// Rollback switches to an older kept generation; force switches even
+	// to one the current key set does not vouch for (logged as forced).
+	Rollback(ctx context.Context, to uint64, force bool, by string) (from, now uint64, err error)
 	Generations(ctx context.Context) ([]Generation, error)
 	Reload(ctx context.Context, by string) error
 	// ReadAudit returns complete JSONL records from byte offset on (at
@@ -516,12 +518,12 @@ func (m *manager) Apply(sender dbus.Sender, source string) (ApplyResult, *dbus.E
 	return *res, nil
 }
 
-func (m *manager) Rollback(sender dbus.Sender, to uint64) (uint64, uint64, *dbus.Error) {
+func (m *manager) Rollback(sender dbus.Sender, to uint64, force bool) (uint64, uint64, *dbus.Error) {
 	id, derr := m.s.authorize(sender, ActAdmin, "Rollback")
 	if derr != nil {
 		return 0, 0, derr
 	}
-	from, now, err := m.s.be.Rollback(context.Background(), to, id.String())
+	from, now, err := m.s.be.Rollback(context.Background(), to, force, id.String())
 	return from, now, fail(err)
 }
 
@@ -608,7 +610,7 @@ var argNames = map[string][]string{
 	"ReleaseAgent":    {"name"},
 	"ReadAudit":       {"name", "offset", "max", "records", "next_offset"},
 	"Apply":           {"source", "result"},
-	"Rollback":        {"to", "from", "now"},
+	"Rollback":        {"to", "force", "from", "now"},
 	"ListGenerations": {"generations"},
 	"Quarantine":      {"reason", "evidence"},
 	"StartRun":        {"request", "stdin", "stdout", "stderr", "binds", "secrets", "name"},

@@ -30,6 +30,8 @@ type storeFlags struct {
 	root      string
 	channel   string
 	keys      listFlag
+	rootKeys  listFlag
+	rootThr   int
 	nixKeys   listFlag
 	threshold int
 	keep      int
@@ -43,6 +45,8 @@ func addStoreFlags(fs *flag.FlagSet, writer bool) *storeFlags {
 	fs.StringVar(&sf.root, "store", paths.DefaultStoreRoot, "store root `DIR`")
 	fs.Var(&sf.keys, "key", "trusted release public key `PEM` file (repeatable)")
 	fs.IntVar(&sf.threshold, "threshold", 1, "distinct trusted keys that must have signed")
+	fs.Var(&sf.rootKeys, "root-key", "root public key `PEM` file that signs key rotations (store.root_keys; repeatable)")
+	fs.IntVar(&sf.rootThr, "root-threshold", 1, "distinct root keys that must have signed a key rotation")
 	fs.DurationVar(&sf.expiry, "expiry-warning", config.DefaultExpiryWarning, "report the current generation as expiring this long before its release expires (store.expiry_warning)")
 	if writer {
 		fs.StringVar(&sf.channel, "channel", "", "channel the store follows")
@@ -56,7 +60,8 @@ func addStoreFlags(fs *flag.FlagSet, writer bool) *storeFlags {
 
 func (sf *storeFlags) options() store.Options {
 	return store.Options{Root: sf.root, Channel: sf.channel, TrustedKeys: sf.keys,
-		NixPublicKeys: sf.nixKeys, Threshold: sf.threshold, Keep: sf.keep, Workers: sf.jobs, ExpiryWarning: sf.expiry}
+		NixPublicKeys: sf.nixKeys, Threshold: sf.threshold, Keep: sf.keep, Workers: sf.jobs, ExpiryWarning: sf.expiry,
+		RootKeyFiles: sf.rootKeys, RootThreshold: sf.rootThr}
 }
 
 // errNoBus is what writers say until caged's D-Bus interface is wired in.
