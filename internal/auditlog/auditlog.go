@@ -20,12 +20,12 @@ const MaxRead = 4 << 20
 // max records". A missing log is empty; an offset beyond the end (the log
 // was truncated or rotated) starts again at 0.
 func Read(path string, offset int64, max int) ([]string, int64, error) {
-	f, err := os.Open(path)
+	f, err := Open(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, 0, nil
 	}
 	if err != nil {
-		return nil, 0, fmt.Errorf("audit: %w", err)
+		return nil, 0, err
 	}
 	defer f.Close()
 	st, err := f.Stat()

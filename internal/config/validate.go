@@ -83,13 +83,39 @@ type resolvedPolicy struct {
 }
 
 func (v *validator) errorf(rng hcl.Range, summary, detail string, args ...any) {
+	v.diag(hcl.DiagError, rng, summary, fmt.Sprintf(detail, args...))
+}
+
+// warnf notes something valid the operator may not expect.
+func (v *validator) warnf(rng hcl.Range, summary, detail string, args ...any) {
+	v.diag(hcl.DiagWarning, rng, summary, fmt.Sprintf(detail, args...))
+}
+
+func (v *validator) diag(sev hcl.DiagnosticSeverity, rng hcl.Range, summary, detail string) {
 	r := rng
-	v.diags = append(v.diags, &hcl.Diagnostic{
-		Severity: hcl.DiagError,
-		Summary:  summary,
-		Detail:   fmt.Sprintf(detail, args...),
-		Subject:  &r,
-	})
+	v.diags = append(v.diags, &hcl.Diagnostic{Severity: sev, Summary: summary, Detail: detail, Subject: &r})
+}
+
+// denyBelowNotes explains the deny rule where a policy would have been read
+// otherwise before it: an exact deny entry covers every name below it
+// (policy.Covers), so names an allow wildcard or an allowed subdomain let
+// through under the old reading are refused now. A warning, not an error:
+// the config is valid and stricter than before.
+func (v *validator) denyBelowNotes(name string, body hcl.Body, allow, deny []string) {
+	for _, d := range deny {
+		if strings.HasPrefix(d, "*.") {
+			continue // a wildcard always meant its subdomains
+		}
+		for _, a := range allow {
+			below := "x." + d
+			switch {
+			case a != d && policy.Covers(d, a) && !strings.HasPrefix(a, "*."):
+				v.warnf(at(body, "deny"), "Deny covers an allowed name", "egress_policy %q: deny %q also refuses every name below it, so allow %q is refused (CONNECT, HTTP and DNS). Remove %q from allow, or narrow the deny entry.", name, d, a, a)
+			case policy.Match(a, below):
+				v.warnf(at(body, "deny"), "Deny covers the names below it", "egress_policy %q: deny %q refuses %s and every name below it (e.g. %s), which allow %q would otherwise let through (CONNECT, HTTP and DNS). A deny entry stands for whoever runs that name, and they run the names below it too.", name, d, d, below, a)
+			}
+		}
+	}
 }
 
 // at returns the source range of attribute name in body, or of the block
@@ -455,7 +481,7 @@ func (v *validator) secret(agent string, s *secretV1, rp *resolvedPolicy, envs m
 			v.errorf(hr, "Invalid host", "agent %q: secret %q: %v.", agent, s.Name, err)
 			continue
 		}
-		if policy.MatchAny(rp.p.Deny, h) != "" || policy.MatchAny(rp.p.Allow, h) == "" {
+		if policy.MatchDeny(rp.p.Deny, h) != "" || policy.MatchAny(rp.p.Allow, h) == "" {
 			v.errorf(hr, "Credential host not allowed", "agent %q: secret %q is bound to %s, which policy %q does not allow. Add it to allow, or remove it from the secret's hosts.", agent, s.Name, h, rp.p.Name)
 		} else if policy.MatchAny(rp.p.Inspect, h) == "" {
 			v.errorf(hr, "Credential host not inspected", "agent %q: secret %q is bound to %s, but policy %q does not inspect it; the gateway can only inject a credential into requests it has inspected. Add %q to inspect.", agent, s.Name, h, rp.p.Name, h)
@@ -511,6 +537,7 @@ func (v *validator) resolvePolicy(name string, p *policyV1) *resolvedPolicy {
 			v.errorf(at(p.Body, "deny"), "Conflicting host rules", "egress_policy %q: %q is in both allow and deny. Deny always wins; remove it from one list to say what you mean.", name, h)
 		}
 	}
+	v.denyBelowNotes(name, p.Body, out.Allow, out.Deny)
 	for _, h := range out.Inspect {
 		// An inspect pattern must be covered by allow: "*.x" needs "*.x",
 		// an exact name needs a pattern matching it.

@@ -506,6 +506,12 @@ func is(method, host string, port int) func(audit.Record) bool {
 	}
 }
 
+// closed matches a tunnel's close record (its open record came first).
+func closed(method, host string, port int) func(audit.Record) bool {
+	m := is(method, host, port)
+	return func(r audit.Record) bool { return m(r) && r.Event == audit.EventClose }
+}
+
 // connect opens a raw CONNECT tunnel and returns the connection after 200,
 // or the status code of a refusal.
 func (h *harness) connect(authority string, extra string) (net.Conn, int) {

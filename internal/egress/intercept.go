@@ -86,6 +86,8 @@ func (g *Gateway) intercept(raw net.Conn, pre []byte, t *target, rec audit.Recor
 		}
 		return
 	}
+	g.logOpen(rec, t, "intercepted tunnel to "+t.host+" opened", start)
+	rec.Event = audit.EventClose
 	h2 := tc.ConnectionState().NegotiatedProtocol == "h2"
 	l := &oneConnListener{conn: tc, done: make(chan struct{})}
 	var closeOnce sync.Once

@@ -48,3 +48,38 @@ func TestAllowsName(t *testing.T) {
 		}
 	}
 }
+
+// A deny entry covers its name and every name below it, whatever allow
+// says; an allowed exact name stays exactly that name.
+func TestDenyCoversNamesBelow(t *testing.T) {
+	p := &Policy{Allow: []string{"*.example.org", "a.evil.example.net", "api.example.com"}, Deny: []string{"evil.example.org", "evil.example.net", "*.bad.example.org"}}
+	cases := []struct {
+		host, rule string
+		allowed    bool
+	}{
+		{"evil.example.org", "deny:evil.example.org", false},
+		{"x.evil.example.org", "deny:evil.example.org", false},
+		{"c2VjcmV0.a.b.evil.example.org", "deny:evil.example.org", false},
+		{"notevil.example.org", "allow:*.example.org", true},
+		{"evil.example.org.example.org", "allow:*.example.org", true},
+		{"a.evil.example.net", "deny:evil.example.net", false},
+		{"x.bad.example.org", "deny:*.bad.example.org", false},
+		{"bad.example.org", "allow:*.example.org", true}, // a wildcard deny means strict subdomains
+		{"x.api.example.com", "default-deny", false},     // an exact allow does not extend
+	}
+	for _, c := range cases {
+		for _, m := range []string{"CONNECT", "GET"} {
+			port := DefaultConnectPort
+			if m == "GET" {
+				port = DefaultHTTPPort
+			}
+			d := p.Decide(c.host, port, m)
+			if (d.Result == Allow) != c.allowed || d.Rule != c.rule {
+				t.Errorf("Decide(%s, %s) = %+v, want allowed=%v rule %s", c.host, m, d, c.allowed, c.rule)
+			}
+		}
+		if ok, rule := p.AllowsName(c.host); ok != c.allowed || rule != c.rule {
+			t.Errorf("AllowsName(%s) = %v %s, want %v %s", c.host, ok, rule, c.allowed, c.rule)
+		}
+	}
+}

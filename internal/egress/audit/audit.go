@@ -15,37 +15,31 @@ import (
 	"time"
 
 	"github.com/coreos/go-systemd/v22/journal"
+
+	"github.com/nixcage/nixcage/internal/auditlog"
 )
 
-// Schema versions the record layout.
-const Schema = 1
+// The record schema is auditlog's: one type for the gateway that writes it,
+// caged that reads it and cagectl that shows it.
+const Schema = auditlog.Schema
 
 // Decisions.
 const (
-	Allowed = "allowed"
-	Flagged = "flagged"
-	Blocked = "blocked"
+	Allowed = auditlog.Allowed
+	Flagged = auditlog.Flagged
+	Blocked = auditlog.Blocked
+)
+
+// Events.
+const (
+	EventRequest = auditlog.EventRequest
+	EventOpen    = auditlog.EventOpen
+	EventClose   = auditlog.EventClose
+	EventSummary = auditlog.EventSummary
 )
 
 // Record is one decision.
-type Record struct {
-	Schema          int      `json:"schema"`
-	TS              string   `json:"ts"`
-	Agent           string   `json:"agent"`
-	Method          string   `json:"method"`
-	Host            string   `json:"host"`
-	Port            int      `json:"port"`
-	Path            string   `json:"path"`
-	Decision        string   `json:"decision"`
-	Reason          string   `json:"reason"`
-	Rule            string   `json:"rule"`
-	Inspectors      []string `json:"inspectors"`
-	SecretsInjected []string `json:"secrets_injected"`
-	SecretsRedacted []string `json:"secrets_redacted"`
-	BytesOut        int64    `json:"bytes_out"`
-	BytesIn         int64    `json:"bytes_in"`
-	DurationMS      int64    `json:"duration_ms"`
-}
+type Record = auditlog.Record
 
 // Logger fans records out to its sinks. Safe for concurrent use.
 type Logger struct {
@@ -93,6 +87,9 @@ func (l *Logger) Close() error {
 func (l *Logger) Log(r Record) error {
 	r.Schema = Schema
 	r.Agent = l.agent
+	if r.Event == "" {
+		r.Event = auditlog.EventRequest
+	}
 	if r.TS == "" {
 		r.TS = time.Now().UTC().Format(time.RFC3339Nano)
 	}
@@ -135,6 +132,8 @@ func Fields(r Record) map[string]string {
 	return map[string]string{
 		"NIXCAGE_SCHEMA":           strconv.Itoa(r.Schema),
 		"NIXCAGE_AGENT":            r.Agent,
+		"NIXCAGE_EVENT":            r.Event,
+		"NIXCAGE_COUNT":            strconv.FormatInt(r.Count, 10),
 		"NIXCAGE_METHOD":           r.Method,
 		"NIXCAGE_HOST":             r.Host,
 		"NIXCAGE_PORT":             strconv.Itoa(r.Port),
