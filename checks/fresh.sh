@@ -102,12 +102,17 @@ echo "checks/fresh.sh: checkout $(git rev-parse --short HEAD), Go $(/usr/local/g
 log=$tree.log
 start=$SECONDS
 set +e
+nspawn=(systemd-nspawn --quiet --register=no --keep-unit --capability=all
+  --resolv-conf=copy-host --timezone=off --link-journal=no
+  --machine="nixcage-fresh-${tree##*-}" -D "$tree" --chdir=/root/nixcage
+  --setenv=CI="${CI:-}" bash -c 'bash checks/test.sh')
+# In its own PID and mount namespace (as internal/systest runs nspawn): all
+# of it dies with this script, and nspawn's propagation directory is a
+# tmpfs of its own.
 SYSTEMD_SECCOMP=0 SYSTEMD_NSPAWN_API_VFS_WRITABLE=1 SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1 \
-  systemd-nspawn --quiet --register=no --keep-unit --capability=all \
-  --resolv-conf=copy-host --timezone=off --link-journal=no \
-  --machine="nixcage-fresh-${tree##*-}" -D "$tree" --chdir=/root/nixcage \
-  --setenv=CI="${CI:-}" \
-  bash -c 'bash checks/test.sh' </dev/null 2>&1 | tee "$log"
+  unshare --pid --fork --kill-child=SIGKILL --mount-proc --mount --propagation=private -- \
+  sh -c 'mkdir -p /run/systemd/nspawn && mount -t tmpfs -o mode=0755 tmpfs /run/systemd/nspawn && exec "$@"' sh "${nspawn[@]}" \
+  </dev/null 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 set -e
 s=$((SECONDS - start))
