@@ -89,6 +89,15 @@ rm -f "$tree/.complete"
 git clone -q --no-hardlinks "$PWD" "$tree/root/nixcage"
 git -C "$tree/root/nixcage" checkout -q "$(git rev-parse HEAD)"
 cp -a /usr/local/go "$tree/usr/local/go"
+# The network this host reaches the Go module proxy through may intercept
+# TLS with local CAs (installed the Debian way, in
+# /usr/local/share/ca-certificates); a new machine on the same network has
+# them too, so they come along. They take effect when checks/deps.sh
+# installs ca-certificates (its postinst runs update-ca-certificates).
+if compgen -G '/usr/local/share/ca-certificates/*.crt' >/dev/null; then
+  mkdir -p "$tree/usr/local/share/ca-certificates"
+  cp /usr/local/share/ca-certificates/*.crt "$tree/usr/local/share/ca-certificates/"
+fi
 echo "checks/fresh.sh: checkout $(git rev-parse --short HEAD), Go $(/usr/local/go/bin/go env GOVERSION)"
 
 # How the tree is entered, and why (docs/testing.md, "Rehearsal"):
@@ -102,7 +111,7 @@ echo "checks/fresh.sh: checkout $(git rev-parse --short HEAD), Go $(/usr/local/g
 log=$tree.log
 start=$SECONDS
 set +e
-nspawn=(systemd-nspawn --quiet --register=no --keep-unit --capability=all
+nspawn=(systemd-nspawn --quiet --pipe --register=no --keep-unit --capability=all
   --resolv-conf=copy-host --timezone=off --link-journal=no
   --machine="nixcage-fresh-${tree##*-}" -D "$tree" --chdir=/root/nixcage
   --setenv=CI="${CI:-}" bash -c 'bash checks/test.sh')
