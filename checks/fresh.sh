@@ -77,6 +77,7 @@ fi
 flock -u 9
 
 tree=$(mktemp -d /var/tmp/nixcage-fresh-XXXXXX)
+chmod 0755 "$tree" # it becomes the machine's /: other uids must traverse it
 cleanup() {
   if [ -n "$keep" ]; then echo "checks/fresh.sh: tree kept: $tree"; else rm -rf "$tree"; fi
 }
