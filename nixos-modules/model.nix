@@ -27,10 +27,13 @@ let
     }) p.limits;
     dns = lib.mapNullable (d: clean {
       inherit (d) enabled;
+      allow_types = d.allowTypes;
       deny_types = d.denyTypes;
       max_label_length = d.maxLabelLength;
     }) p.dns;
     credential = lib.mapAttrs (_: c: clean { inherit (c) hosts header; }) p.credentials;
+    inherit (p) websocket;
+    http_rule = lib.mapAttrs (_: r: clean { inherit (r) hosts methods paths action; }) p.httpRules;
     unsafe_allow_loopback_upstreams = p.unsafeAllowLoopbackUpstreams;
     unsafe_allow_private_upstreams = p.unsafeAllowPrivateUpstreams;
   };
@@ -50,6 +53,9 @@ let
     store = lib.mapNullable (s: clean {
       inherit (s) root channel keys threshold generations;
       nix_keys = s.nixKeys;
+      expiry_warning = s.expiryWarning;
+      root_keys = s.rootKeys;
+      root_threshold = s.rootThreshold;
     }) cfg.store;
   };
 in

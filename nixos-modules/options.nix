@@ -76,6 +76,7 @@ let
       dns = opt (types.submodule {
         options = {
           enabled = opt types.bool "Answer DNS for allowed names (default true).";
+          allowTypes = opt (types.listOf types.str) "Record types answered for allowed names (default A, AAAA, CNAME, HTTPS).";
           denyTypes = opt (types.listOf types.str) "Record types refused even for allowed names.";
           maxLabelLength = opt types.ints.positive "Longest DNS label answered.";
         };
@@ -90,6 +91,25 @@ let
               description = "Exact host names the real value is injected for.";
             };
             header = opt types.str "Header carrying the credential (default Authorization).";
+          };
+        });
+      };
+      websocket = opt types.bool "Allow WebSocket on intercepted hosts, every message inspected and redacted (default true).";
+      httpRules = mkOption {
+        default = { };
+        description = "Method and path rules on intercepted hosts, by name; deny wins, and a host named by any allow rule needs a matching one.";
+        type = types.attrsOf (types.submodule {
+          options = {
+            hosts = mkOption {
+              type = types.listOf types.str;
+              description = "Intercepted host patterns the rule applies to.";
+            };
+            methods = opt (types.listOf types.str) "Methods matched (default: any); WEBSOCKET matches handshakes.";
+            paths = opt (types.listOf types.str) "Paths matched: \"/exact\" or \"/prefix/*\" (default: any).";
+            action = mkOption {
+              type = types.enum [ "allow" "deny" ];
+              description = "What a match does.";
+            };
           };
         });
       };
@@ -210,6 +230,9 @@ in
         nixKeys = opt (types.listOf types.str) "Nix binary cache public keys (name:base64).";
         threshold = opt types.ints.positive "Distinct keys that must have signed (default 1).";
         generations = opt types.ints.positive "Store generations kept (default 3).";
+        rootKeys = opt (types.listOf types.str) "PEM public root keys (paths on the host) that sign key rotations (keys/N.json); empty: no rotation.";
+        rootThreshold = opt types.ints.positive "Distinct root keys that must sign a key rotation (default 1).";
+        expiryWarning = opt types.str "Report the current generation as expiring this long before its release expires: days (\"7d\") or a duration (\"36h\"); default 7d.";
       };
     }) "The shared read-only tool store and release trust.";
 

@@ -99,7 +99,7 @@ func (f *fakeBackend) Apply(ctx context.Context, source, by string) (*bus.ApplyR
 	return &bus.ApplyResult{Generation: 8, Previous: 7, Channel: "stable", Top: "/nix/store/x-top", Added: 3}, nil
 }
 
-func (f *fakeBackend) Rollback(ctx context.Context, to uint64, by string) (uint64, uint64, error) {
+func (f *fakeBackend) Rollback(ctx context.Context, to uint64, force bool, by string) (uint64, uint64, error) {
 	f.rec("rollback %d by %s", to, by)
 	return 8, 7, nil
 }
@@ -116,6 +116,16 @@ func (f *fakeBackend) Reload(ctx context.Context, by string) error {
 func (f *fakeBackend) ReadAudit(ctx context.Context, agent string, offset int64, max uint32) ([]string, int64, error) {
 	f.rec("audit %s %d %d", agent, offset, max)
 	return []string{`{"decision":"blocked"}`}, offset + 23, nil
+}
+
+func (f *fakeBackend) ApplyConfig(ctx context.Context, srcs []bus.ConfigSource, dryRun bool, by string) (*bus.ConfigPlan, error) {
+	f.rec("apply-config %d file(s) dry-run=%v by %s", len(srcs), dryRun, by)
+	return &bus.ConfigPlan{Added: []string{"new"}, Applied: !dryRun}, nil
+}
+
+func (f *fakeBackend) RotateSecret(ctx context.Context, agent, name string, newPlaceholder bool, by string) (string, error) {
+	f.rec("rotate %s %q %v by %s", agent, name, newPlaceholder, by)
+	return "rotated", nil
 }
 
 func (f *fakeBackend) Accounts() []*config.Account { return f.accounts }
@@ -259,7 +269,7 @@ func TestMethodsAsRoot(t *testing.T) {
 	if _, err := c.Apply(ctx, "bad"); err == nil || !strings.Contains(err.Error(), "signature does not verify") {
 		t.Errorf("failed apply reported as %v", err)
 	}
-	from, now, err := c.Rollback(ctx, 0)
+	from, now, err := c.Rollback(ctx, 0, false)
 	if err != nil || from != 8 || now != 7 {
 		t.Fatalf("rollback = %d %d %v", from, now, err)
 	}
@@ -272,6 +282,17 @@ func TestMethodsAsRoot(t *testing.T) {
 	}
 	if err := c.Start(ctx, "nope"); !errors.Is(err, bus.ErrNoSuchAgent) {
 		t.Errorf("start of an unknown agent: %v", err)
+	}
+	// An empty name is no agent, even for root: it must never reach the
+	// backend (where it would name the unit "nixcage-agent@.service").
+	if err := c.Stop(ctx, ""); !errors.Is(err, bus.ErrNoSuchAgent) {
+		t.Errorf("stop of the empty agent name: %v", err)
+	}
+	if _, err := c.Quarantine(ctx, "", "x"); !errors.Is(err, bus.ErrNoSuchAgent) {
+		t.Errorf("quarantine of the empty agent name: %v", err)
+	}
+	if _, _, err := c.ReadAudit(ctx, "", 0, 1); !errors.Is(err, bus.ErrNoSuchAgent) {
+		t.Errorf("audit of the empty agent name: %v", err)
 	}
 	if err := c.Ping(ctx); err != nil {
 		t.Error(err)
@@ -431,6 +452,9 @@ func TestMain(m *testing.M) {
 
 func helper(addr, what string) int {
 	ctx := context.Background()
+	if what == "watch" || what == "eavesdrop" {
+		return streamHelper(addr, what)
+	}
 	if what == "own" {
 		c, err := bustest.Dial(addr)
 		if err != nil {
@@ -469,7 +493,7 @@ func helper(addr, what string) int {
 	case "apply":
 		_, err = c.Apply(ctx, "/srv/release")
 	case "rollback":
-		_, _, err = c.Rollback(ctx, 0)
+		_, _, err = c.Rollback(ctx, 0, false)
 	case "reload":
 		err = c.Reload(ctx)
 	}

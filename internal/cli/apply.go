@@ -23,7 +23,7 @@ func init() {
 	})
 	register(&command{
 		name:  "rollback",
-		args:  "[--to N] [--offline --store ROOT]",
+		args:  "[--to N] [--force] [--offline --store ROOT --key PUB]",
 		short: "switch the store back to an older kept generation (logged)",
 		run:   runRollback,
 	})
@@ -70,12 +70,10 @@ func runApply(ctx context.Context, env *Env, args []string) error {
 	if pp != nil {
 		pp.done()
 	}
-	if res != nil && res.Generation != 0 && err != nil {
-		fmt.Fprintf(env.Out, "generation %d is current\n", res.Generation)
-	}
 	if err != nil {
 		return failure(err)
 	}
+	printWarnings(env, res.Warnings)
 	fmt.Fprintf(env.Out, "generation %d (channel %s) is current, was %d: %s; %d paths added (%s), %d reused; pruned %d generation(s), collected %d path(s)\n",
 		res.Generation, res.Channel, res.Previous, res.Top, res.Added, mib(res.Bytes), res.Reused, len(res.Pruned), len(res.Collected))
 	if *verbose {
@@ -91,15 +89,16 @@ func runRollback(ctx context.Context, env *Env, args []string) error {
 	sf := addStoreFlags(fl, true)
 	addr := addBusFlag(fl, env)
 	to := fl.Uint64("to", 0, "generation to switch to (default: the newest older one)")
+	force := fl.Bool("force", false, "switch even to a generation the current key set does not vouch for (a revoked key signed it); logged as forced")
 	pos, err := parseFlags(fl, args)
 	if err != nil {
 		return err
 	}
 	if len(pos) != 0 {
-		return usageError("usage: cagectl rollback [--to N] --offline --store ROOT")
+		return usageError("usage: cagectl rollback [--to N] [--force] --offline --store ROOT --key PUB")
 	}
 	if !sf.offline {
-		return rollbackViaCaged(ctx, env, *addr, *to)
+		return rollbackViaCaged(ctx, env, *addr, *to, *force)
 	}
 	opts := sf.options()
 	opts.Logger = logger(env)
@@ -107,7 +106,7 @@ func runRollback(ctx context.Context, env *Env, args []string) error {
 	if err != nil {
 		return failure(err)
 	}
-	from, n, err := s.Rollback(ctx, *to)
+	from, n, err := s.Rollback(ctx, *to, *force)
 	if err != nil {
 		return failure(err)
 	}
@@ -137,18 +136,27 @@ func applyViaCaged(ctx context.Context, env *Env, addr, src string) error {
 	if err != nil {
 		return noCaged("apply", busError(err))
 	}
+	printWarnings(env, res.Warnings)
 	fmt.Fprintf(env.Out, "generation %d (channel %s) is current, was %d: %s; %d paths added (%s), %d reused\n",
 		res.Generation, res.Channel, res.Previous, res.Top, res.Added, mib(res.Bytes), res.Reused)
 	return nil
 }
 
-func rollbackViaCaged(ctx context.Context, env *Env, addr string, to uint64) error {
+// printWarnings reports what failed after an apply's commit point: the
+// apply succeeded (exit 0), the operator still has something to look at.
+func printWarnings(env *Env, ws []string) {
+	for _, w := range ws {
+		fmt.Fprintln(env.Err, "cagectl: warning:", w)
+	}
+}
+
+func rollbackViaCaged(ctx context.Context, env *Env, addr string, to uint64, force bool) error {
 	c, err := dialCaged(ctx, addr)
 	if err != nil {
 		return noCaged("rollback", err)
 	}
 	defer c.Close()
-	from, now, err := c.Rollback(ctx, to)
+	from, now, err := c.Rollback(ctx, to, force)
 	if err != nil {
 		return noCaged("rollback", busError(err))
 	}

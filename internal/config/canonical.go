@@ -55,6 +55,12 @@ func Canonical(cfg *Config) ([]byte, error) {
 	if len(agents) > 0 {
 		doc["agent"] = agents
 	}
+	// Declared but unused policies stay available to caged (cagectl run).
+	for _, p := range cfg.Policies {
+		if _, ok := policies[p.Name]; !ok {
+			policies[p.Name] = canonPolicy(p)
+		}
+	}
 	if len(policies) > 0 {
 		doc["egress_policy"] = policies
 	}
@@ -80,9 +86,13 @@ func Canonical(cfg *Config) ([]byte, error) {
 		m := map[string]any{
 			"root": s.Root, "channel": s.Channel, "keys": s.Keys,
 			"threshold": s.Threshold, "generations": s.Generations,
+			"expiry_warning": s.ExpiryWarning.String(),
 		}
 		if len(s.NixKeys) > 0 {
 			m["nix_keys"] = s.NixKeys
+		}
+		if len(s.RootKeys) > 0 {
+			m["root_keys"], m["root_threshold"] = s.RootKeys, s.RootThreshold
 		}
 		doc["store"] = m
 	}
@@ -116,7 +126,8 @@ func canonPolicy(p policy.Policy) map[string]any {
 		}
 		inspectors[in.Name] = m
 	}
-	return map[string]any{
+	m := map[string]any{
+		"websocket":  p.WebSocket,
 		"allow":      p.Allow,
 		"deny":       p.Deny,
 		"ports":      p.Ports,
@@ -131,10 +142,26 @@ func canonPolicy(p policy.Policy) map[string]any {
 		},
 		"dns": map[string]any{
 			"enabled":          p.DNS.Enabled,
+			"allow_types":      p.DNS.AllowTypes,
 			"deny_types":       p.DNS.DenyTypes,
 			"max_label_length": p.DNS.MaxLabelLength,
 		},
 		"unsafe_allow_loopback_upstreams": p.UnsafeAllowLoopbackUpstreams,
 		"unsafe_allow_private_upstreams":  p.UnsafeAllowPrivateUpstreams,
 	}
+	if len(p.HTTPRules) > 0 {
+		rules := map[string]any{}
+		for _, r := range p.HTTPRules {
+			rm := map[string]any{"hosts": r.Hosts, "action": r.Action}
+			if len(r.Methods) > 0 {
+				rm["methods"] = r.Methods
+			}
+			if len(r.Paths) > 0 {
+				rm["paths"] = r.Paths
+			}
+			rules[r.Name] = rm
+		}
+		m["http_rule"] = rules
+	}
+	return m
 }

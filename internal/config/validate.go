@@ -46,28 +46,20 @@ var reservedEnv = map[string]bool{
 	"NIXCAGE_AGENT": true, "LD_PRELOAD": true, "LD_LIBRARY_PATH": true,
 }
 
-// Defaults, in one place so docs/config.md can quote them.
+// Defaults of the agent and store model, in one place so docs/config.md can
+// quote them. The egress policy's defaults live with its model, in package
+// policy (policy.DefaultMaxTunnels, ...).
 const (
-	DefaultMemory         = "2G"
-	DefaultTasks          = 512
-	DefaultPort           = 443
-	DefaultRatePerSecond  = 20.0
-	DefaultRateBurst      = 40
-	DefaultMaxTunnels     = 64
-	DefaultMaxHeaderBytes = 64 << 10
-	DefaultMaxBodyBytes   = 32 << 20
-	DefaultIdleTimeout    = 5 * time.Minute
-	DefaultEntropy        = 4.5
-	DefaultBlobMinLength  = 512
-	DefaultMaxLabelLength = 63
-	DefaultGenerations    = 3
-	DefaultPolicy         = "none"
-	DefaultSecretHeader   = "Authorization"
+	DefaultMemory       = "2G"
+	DefaultTasks        = 512
+	DefaultPort         = 443
+	DefaultGenerations  = 3
+	DefaultPolicy       = "none"
+	DefaultSecretHeader = "Authorization"
+	// DefaultExpiryWarning: a current generation whose release expires
+	// within this is reported as expiring (store verify, status, D-Bus).
+	DefaultExpiryWarning = 7 * 24 * time.Hour
 )
-
-// DefaultDNSDenyTypes are refused even for allowed names: zone transfers and
-// ANY only help enumeration and amplification.
-var DefaultDNSDenyTypes = []string{"ANY", "AXFR", "IXFR"}
 
 type validator struct {
 	loader *Loader
@@ -172,6 +164,9 @@ func (v *validator) build(files []*fileV1) *Config {
 	sort.Strings(names)
 	for _, n := range names {
 		v.policies[n] = v.resolvePolicy(n, &v.named[n].policy)
+		if rp := v.policies[n]; rp != nil {
+			cfg.Policies = append(cfg.Policies, rp.p)
+		}
 	}
 
 	seenAgent := map[string]hcl.Range{}
@@ -498,16 +493,16 @@ func (v *validator) resolvePolicy(name string, p *policyV1) *resolvedPolicy {
 		Ports:   p.Ports,
 		Inspect: nonNil(p.Inspect),
 		RateLimit: policy.RateLimit{
-			PerSecond: DefaultRatePerSecond,
-			Burst:     DefaultRateBurst,
+			PerSecond: policy.DefaultRatePerSecond,
+			Burst:     policy.DefaultRateBurst,
 		},
 		Limits: policy.Limits{
-			MaxTunnels:         DefaultMaxTunnels,
-			MaxHeaderBytes:     DefaultMaxHeaderBytes,
-			MaxBodyBytes:       DefaultMaxBodyBytes,
-			IdleTimeoutSeconds: int(DefaultIdleTimeout / time.Second),
+			MaxTunnels:         policy.DefaultMaxTunnels,
+			MaxHeaderBytes:     policy.DefaultMaxHeaderBytes,
+			MaxBodyBytes:       policy.DefaultMaxBodyBytes,
+			IdleTimeoutSeconds: policy.DefaultIdleTimeoutSeconds,
 		},
-		DNS: policy.DNS{Enabled: true, DenyTypes: append([]string(nil), DefaultDNSDenyTypes...), MaxLabelLength: DefaultMaxLabelLength},
+		DNS: policy.DNS{Enabled: true, AllowTypes: append([]string(nil), policy.DefaultDNSAllowTypes...), DenyTypes: append([]string(nil), policy.DefaultDNSDenyTypes...), MaxLabelLength: policy.DefaultMaxLabelLength},
 	}
 	if len(out.Ports) == 0 {
 		out.Ports = []int{DefaultPort}
@@ -538,6 +533,11 @@ func (v *validator) resolvePolicy(name string, p *policyV1) *resolvedPolicy {
 		}
 	}
 	v.denyBelowNotes(name, p.Body, out.Allow, out.Deny)
+	out.WebSocket = DefaultWebSocket
+	if p.WebSocket != nil {
+		out.WebSocket = *p.WebSocket
+	}
+	out.HTTPRules = v.httpRules(name, p.HTTPRules, out.Inspect)
 	for _, h := range out.Inspect {
 		// An inspect pattern must be covered by allow: "*.x" needs "*.x",
 		// an exact name needs a pattern matching it.
@@ -606,15 +606,11 @@ func (v *validator) resolvePolicy(name string, p *policyV1) *resolvedPolicy {
 		if d.Enabled != nil {
 			out.DNS.Enabled = *d.Enabled
 		}
+		if d.AllowTypes != nil {
+			out.DNS.AllowTypes = v.dnsTypes(name, d.Body, "allow_types", d.AllowTypes)
+		}
 		if d.DenyTypes != nil {
-			out.DNS.DenyTypes = nil
-			for _, t := range d.DenyTypes {
-				up := strings.ToUpper(t)
-				if _, ok := dns.StringToType[up]; !ok {
-					v.errorf(at(d.Body, "deny_types"), "Unknown DNS record type", "egress_policy %q: %q is not a DNS record type; write names such as \"TXT\" or \"ANY\".", name, t)
-				}
-				out.DNS.DenyTypes = append(out.DNS.DenyTypes, up)
-			}
+			out.DNS.DenyTypes = v.dnsTypes(name, d.Body, "deny_types", d.DenyTypes)
 		}
 		if d.MaxLabelLength != nil {
 			if *d.MaxLabelLength < 1 || *d.MaxLabelLength > 63 {
@@ -639,13 +635,26 @@ func (v *validator) resolvePolicy(name string, p *policyV1) *resolvedPolicy {
 	return &resolvedPolicy{p: out, credentials: creds}
 }
 
+// dnsTypes checks and upper-cases a list of DNS record type names.
+func (v *validator) dnsTypes(name string, body hcl.Body, attr string, list []string) []string {
+	out := []string{}
+	for _, t := range list {
+		up := strings.ToUpper(t)
+		if _, ok := dns.StringToType[up]; !ok {
+			v.errorf(at(body, attr), "Unknown DNS record type", "egress_policy %q: %s: %q is not a DNS record type; write names such as \"TXT\" or \"ANY\".", name, attr, t)
+		}
+		out = append(out, up)
+	}
+	return out
+}
+
 func (v *validator) inspectors(name string, p *policyV1, maxBody int64) []policy.Inspector {
 	byName := map[string]policy.Inspector{
 		policy.InspectRealValues:     {Name: policy.InspectRealValues, Action: policy.ActionBlock},
 		policy.InspectSecretPatterns: {Name: policy.InspectSecretPatterns, Action: policy.ActionBlock},
 		policy.InspectBodySize:       {Name: policy.InspectBodySize, Action: policy.ActionBlock, MaxBytes: maxBody},
-		policy.InspectEntropy:        {Name: policy.InspectEntropy, Action: policy.ActionFlag, Threshold: DefaultEntropy},
-		policy.InspectEncodedBlobs:   {Name: policy.InspectEncodedBlobs, Action: policy.ActionFlag, MinLength: DefaultBlobMinLength},
+		policy.InspectEntropy:        {Name: policy.InspectEntropy, Action: policy.ActionFlag, Threshold: policy.DefaultEntropyBits},
+		policy.InspectEncodedBlobs:   {Name: policy.InspectEncodedBlobs, Action: policy.ActionFlag, MinLength: policy.DefaultBlobMinLength},
 	}
 	seen := map[string]bool{}
 	for _, in := range p.Inspectors {
@@ -736,7 +745,7 @@ func isUID(s string) bool {
 }
 
 func (v *validator) store(s *storeV1) *Store {
-	out := &Store{Root: paths.DefaultStoreRoot, Channel: s.Channel, Keys: s.Keys, NixKeys: s.NixKeys, Threshold: 1, Generations: DefaultGenerations}
+	out := &Store{Root: paths.DefaultStoreRoot, Channel: s.Channel, Keys: s.Keys, NixKeys: s.NixKeys, Threshold: 1, Generations: DefaultGenerations, ExpiryWarning: DefaultExpiryWarning}
 	if s.Root != nil && v.checkAbsPath(at(s.Body, "root"), "store root", *s.Root) {
 		out.Root = *s.Root
 	}
@@ -746,26 +755,22 @@ func (v *validator) store(s *storeV1) *Store {
 	if len(s.Keys) == 0 {
 		v.errorf(at(s.Body, "keys"), "No trusted keys", "store: keys is empty, so no release could ever be accepted. List the PEM public key files releases are signed with (cagectl key generate makes a pair).")
 	}
-	seen := map[string]bool{}
-	for _, k := range s.Keys {
-		v.checkAbsPath(at(s.Body, "keys"), "key file", k)
-		if seen[k] {
-			v.errorf(at(s.Body, "keys"), "Duplicate key", "store: key %s is listed twice; a threshold counts distinct keys.", k)
-		}
-		seen[k] = true
-	}
+	out.Threshold = v.keyRole(s.Body, "keys", "threshold", s.Keys, s.Threshold)
 	for _, k := range s.NixKeys {
 		name, key, ok := strings.Cut(k, ":")
 		if !ok || name == "" || key == "" {
 			v.errorf(at(s.Body, "nix_keys"), "Invalid Nix public key", "store: %q is not a Nix public key; write \"name:base64\" as `nix key convert-secret-to-public` prints it.", k)
 		}
 	}
-	if s.Threshold != nil {
-		out.Threshold = *s.Threshold
-		if *s.Threshold < 1 || *s.Threshold > len(s.Keys) {
-			v.errorf(at(s.Body, "threshold"), "Invalid signature threshold", "store: threshold = %d with %d key(s); it must be between 1 and the number of keys.", *s.Threshold, len(s.Keys))
+	if s.ExpiryWarning != nil {
+		d, err := ParseDays(*s.ExpiryWarning)
+		if err != nil || d < 0 {
+			v.errorf(at(s.Body, "expiry_warning"), "Invalid expiry warning", "store: expiry_warning = %q; write days (\"7d\") or a duration (\"36h\"), or \"0\" to report only expired generations.", *s.ExpiryWarning)
 		}
+		out.ExpiryWarning = d
 	}
+	out.RootKeys = s.RootKeys
+	out.RootThreshold = v.keyRole(s.Body, "root_keys", "root_threshold", s.RootKeys, s.RootThreshold)
 	if s.Generations != nil {
 		out.Generations = *s.Generations
 		if *s.Generations < 2 {
@@ -773,6 +778,39 @@ func (v *validator) store(s *storeV1) *Store {
 		}
 	}
 	return out
+}
+
+// ParseDays parses a duration written as days ("7d") or as Go writes one
+// ("36h", "0").
+func ParseDays(s string) (time.Duration, error) {
+	if d, ok := strings.CutSuffix(s, "d"); ok {
+		n, err := strconv.Atoi(d)
+		if err != nil {
+			return 0, fmt.Errorf("duration %q: %w", s, err)
+		}
+		return time.Duration(n) * 24 * time.Hour, nil
+	}
+	return time.ParseDuration(s)
+}
+
+// keyRole checks a list of PEM key files and its threshold (default 1):
+// store.keys/threshold and store.root_keys/root_threshold.
+func (v *validator) keyRole(body hcl.Body, keysAttr, thrAttr string, keys []string, threshold *int) int {
+	seen := map[string]bool{}
+	for _, k := range keys {
+		v.checkAbsPath(at(body, keysAttr), "key file", k)
+		if seen[k] {
+			v.errorf(at(body, keysAttr), "Duplicate key", "store: %s lists %s twice; a threshold counts distinct keys.", keysAttr, k)
+		}
+		seen[k] = true
+	}
+	if threshold == nil {
+		return 1
+	}
+	if *threshold < 1 || *threshold > len(keys) {
+		v.errorf(at(body, thrAttr), "Invalid signature threshold", "store: %s = %d with %d key(s) in %s; it must be between 1 and the number of keys.", thrAttr, *threshold, len(keys), keysAttr)
+	}
+	return *threshold
 }
 
 func nonNil(s []string) []string {

@@ -67,7 +67,15 @@ func (t *auditTail) run(ctx context.Context) {
 }
 
 func (t *auditTail) poll() {
+	var names []string
 	for _, a := range t.d.config().Agents {
+		names = append(names, a.Name)
+	}
+	for _, r := range t.d.runStatuses() {
+		names = append(names, r.Name)
+	}
+	for _, name := range names {
+		a := struct{ Name string }{name}
 		t.mu.Lock()
 		st := t.files[a.Name]
 		if st == nil {

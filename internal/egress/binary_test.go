@@ -5,6 +5,8 @@ import (
 	"crypto/tls"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"strconv"
@@ -14,6 +16,7 @@ import (
 	"time"
 
 	"github.com/nixcage/nixcage/internal/egress/audit"
+	"github.com/nixcage/nixcage/internal/policy"
 	"github.com/nixcage/nixcage/internal/systest"
 )
 
@@ -91,4 +94,110 @@ func TestKilledGatewayLeavesOpenRecords(t *testing.T) {
 	}
 	h.want(t, open("plain.example.com"), audit.Allowed, "")
 	h.want(t, open("api.example.com"), audit.Allowed, "")
+}
+
+// procStatus returns a field of /proc/PID/status in KiB (VmRSS, VmHWM).
+func procStatus(t *testing.T, pid int, field string) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, field+":"); ok {
+			n, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("no %s in /proc/%d/status", field, pid)
+	return 0
+}
+
+// FloodRSSBoundMiB is the peak RSS the real gateway may reach under
+// TestFloodRSS at the default limits; docs/egress.md states it.
+const FloodRSSBoundMiB = 96
+
+// A cage floods its gateway at the default limits (256 slots): two thousand
+// plain-HTTP connections with slow bodies, 24 with 8 MiB bodies sent fast
+// then stalled, hundreds of CONNECT tunnels, and
+// HTTP/2 streams with slow bodies on intercepted connections. The real
+// binary's peak RSS stays under FloodRSSBoundMiB, the excess is refused and
+// audited (as summaries over the audit budget), and afterwards the gateway
+// serves again.
+func TestFloodRSS(t *testing.T) {
+	h := setupHarness(t, func(rt *policy.Runtime) { rt.Policy.Limits = policy.Limits{} })
+	cmd := h.startBinary(t)
+	pid := cmd.Process.Pid
+	idle := procStatus(t, pid, "VmRSS")
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	dial := func() net.Conn {
+		c, err := net.Dial("tcp", h.proxyAddr)
+		if err != nil {
+			t.Fatalf("dial proxy: %v", err)
+		}
+		conns = append(conns, c)
+		return c
+	}
+	// Bodies sent fast up to a quarter of max_body_bytes, then stalled: the
+	// gateway streams them, so they must not be held whole.
+	big := strings.Repeat("b", 8<<20)
+	for i := range 24 {
+		c := dial()
+		go fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: plain.example.com\r\nContent-Length: %d\r\n\r\n%s", h.httpURL("plain.example.com", fmt.Sprintf("/big%d", i)), 32<<20, big)
+	}
+	slow := strings.Repeat("s", 16<<10)
+	for i := range 2000 {
+		c := dial()
+		fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: plain.example.com\r\nContent-Length: %d\r\n\r\n%s", h.httpURL("plain.example.com", fmt.Sprintf("/flood%d", i)), 32<<20, slow)
+	}
+	for range 300 {
+		c := dial()
+		fmt.Fprintf(c, "CONNECT example.net:%d HTTP/1.1\r\nHost: example.net:%d\r\n\r\n", h.up.tlsPort, h.up.tlsPort)
+	}
+	// HTTP/2 streams with slow bodies on intercepted connections.
+	cl := h.client(true)
+	var writers []*io.PipeWriter
+	for i := range 256 {
+		pr, pw := io.Pipe()
+		writers = append(writers, pw)
+		go func() {
+			req, _ := http.NewRequest("POST", h.tlsURL("api.example.com", fmt.Sprintf("/h2flood%d", i)), pr)
+			req.ContentLength = 32 << 20
+			if resp, err := cl.Do(req); err == nil {
+				resp.Body.Close()
+			}
+		}()
+		go pw.Write([]byte(slow))
+	}
+	defer func() {
+		for _, w := range writers {
+			w.CloseWithError(io.ErrUnexpectedEOF)
+		}
+	}()
+	time.Sleep(5 * time.Second)
+	peak := procStatus(t, pid, "VmHWM")
+	t.Logf("gateway RSS: idle %d KiB, peak under flood %d KiB (bound %d MiB)", idle, peak, FloodRSSBoundMiB)
+	if peak > FloodRSSBoundMiB<<10 {
+		t.Fatalf("gateway peak RSS %d KiB exceeds %d MiB", peak, FloodRSSBoundMiB)
+	}
+	h.want(t, func(r audit.Record) bool { return r.Rule == "max-tunnels" }, audit.Blocked, "max-tunnels")
+	for _, c := range conns {
+		c.Close()
+	}
+	conns = nil
+	for _, w := range writers {
+		w.CloseWithError(io.ErrUnexpectedEOF)
+	}
+	waitFor(t, "the gateway serves again", func() bool {
+		code, _, _, err := h.do(h.client(false), "GET", h.httpURL("plain.example.com", "/after-flood"), nil, "")
+		return err == nil && code == http.StatusOK
+	})
 }

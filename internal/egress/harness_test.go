@@ -46,6 +46,8 @@ type fakeDNS struct {
 	mu      sync.Mutex
 	records map[string][][]string // "name TYPE" -> answer sets of RR text
 	count   map[string]int
+	msgs    []*dns.Msg // every query received, as received
+	ttl     int        // TTL of the answers set() registers
 }
 
 func startFakeDNS(t testing.TB) *fakeDNS {
@@ -73,7 +75,7 @@ func (f *fakeDNS) set(name, typ string, sets ...string) {
 	for _, s := range sets {
 		var rrs []string
 		for _, v := range strings.Split(s, ",") {
-			rrs = append(rrs, fmt.Sprintf("%s 0 IN %s %s", dns.Fqdn(name), typ, v))
+			rrs = append(rrs, fmt.Sprintf("%s %d IN %s %s", dns.Fqdn(name), f.ttl, typ, v))
 		}
 		f.records[k] = append(f.records[k], rrs)
 	}
@@ -91,6 +93,7 @@ func (f *fakeDNS) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 	q := r.Question[0]
 	k := strings.ToLower(q.Name) + " " + dns.TypeToString[q.Qtype]
 	f.mu.Lock()
+	f.msgs = append(f.msgs, r.Copy())
 	n := f.count[k]
 	f.count[k]++
 	known := false
@@ -139,9 +142,43 @@ func (u *upstream) lastSeen() *seen {
 }
 
 func (u *upstream) handler(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/ws" {
+		u.websocket(w, r)
+		return
+	}
+	if strings.HasPrefix(r.URL.Path, "/echo/") {
+		u.echo(w, r)
+		return
+	}
+	switch r.URL.Path {
+	case "/sink": // counts a request body without holding it
+		n, _ := io.Copy(io.Discard, r.Body)
+		fmt.Fprintf(w, "%d\n", n)
+		return
+	case "/stream": // n bytes of text, written 32 KiB at a time
+		n, _ := strconv.Atoi(r.URL.Query().Get("n"))
+		chunk := []byte(strings.Repeat("0123456789abcdef ", 2048)[:32<<10])
+		for n > 0 {
+			k := min(n, len(chunk))
+			w.Write(chunk[:k])
+			n -= k
+		}
+		return
+	case "/reflect": // X-Reflect back, the first write ending right after it
+		w.Header().Set("Content-Type", "text/plain")
+		fmt.Fprintf(w, "%sreflected: %s", r.Header.Get("X-Pad"), r.Header.Get("X-Reflect"))
+		http.NewResponseController(w).Flush()
+		time.Sleep(100 * time.Millisecond) // so the gateway reads the two writes apart
+		fmt.Fprint(w, "\nend of response\n")
+		return
+	}
 	if r.URL.Path == "/sse" {
 		w.Header().Set("Content-Type", "text/event-stream")
 		fmt.Fprintf(w, "data: one %s\n\n", r.Header.Get("X-Api-Key"))
+		// A keep-alive comment, as model APIs send between events: the
+		// gateway holds back a fixed window of bytes (redact.Reader), so
+		// an event reaches the agent once that much more has arrived.
+		fmt.Fprintf(w, ":%s\n\n", strings.Repeat(" ", 1024))
 		http.NewResponseController(w).Flush()
 		select {
 		case <-u.release:
@@ -273,6 +310,8 @@ func testRuntime(dir string, u *upstream) *policy.Runtime {
 			Deny:    []string{"denied.example.com"},
 			Ports:   []int{u.tlsPort, u.httpPort},
 			Inspect: []string{"api.example.com", "other.example.com"},
+			// The config model's default (config.DefaultWebSocket).
+			WebSocket: true,
 			Inspectors: []policy.Inspector{
 				{Name: policy.InspectRealValues, Action: policy.ActionBlock},
 				{Name: policy.InspectSecretPatterns, Action: policy.ActionBlock},

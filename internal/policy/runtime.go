@@ -43,6 +43,11 @@ type Policy struct {
 	Ports   []int    `json:"ports"`
 	Inspect []string `json:"inspect"`
 
+	// WebSocket allows WebSocket handshakes on intercepted hosts (every
+	// message is then inspected and redacted). The config model sets it.
+	WebSocket bool       `json:"websocket"`
+	HTTPRules []HTTPRule `json:"http_rules,omitempty"`
+
 	RateLimit  RateLimit   `json:"rate_limit"`
 	Inspectors []Inspector `json:"inspectors"`
 	Limits     Limits      `json:"limits"`
@@ -101,7 +106,12 @@ type Limits struct {
 // DNS configures the cage's resolver.
 type DNS struct {
 	Enabled bool `json:"enabled"`
-	// DenyTypes are refused even for allowed names (e.g. ANY, AXFR).
+	// AllowTypes are the record types answered for allowed names; empty
+	// means DefaultDNSAllowTypes. Every type is a few more bits per query
+	// an agent can choose, so the set is what programs behind an HTTP
+	// proxy actually ask for.
+	AllowTypes []string `json:"allow_types"`
+	// DenyTypes are refused even if listed in AllowTypes (e.g. ANY, AXFR).
 	DenyTypes []string `json:"deny_types"`
 	// MaxLabelLength caps labels to make tunnelling data through names costly.
 	MaxLabelLength int `json:"max_label_length"`
@@ -146,6 +156,11 @@ func Parse(data []byte) (*Runtime, error) {
 	}
 	for _, h := range append(append(append([]string{}, r.Policy.Allow...), r.Policy.Deny...), r.Policy.Inspect...) {
 		if err := CheckPattern(h); err != nil {
+			return nil, fmt.Errorf("egress config: %w", err)
+		}
+	}
+	for _, hr := range r.Policy.HTTPRules {
+		if err := hr.Check(); err != nil {
 			return nil, fmt.Errorf("egress config: %w", err)
 		}
 	}

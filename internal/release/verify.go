@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nix-community/go-nix/pkg/nar"
 	"github.com/nix-community/go-nix/pkg/narinfo"
 	nixsig "github.com/nix-community/go-nix/pkg/narinfo/signature"
 	"github.com/nix-community/go-nix/pkg/storepath"
@@ -65,7 +66,8 @@ func refuse(format string, args ...any) error {
 	return &Refusal{Reason: fmt.Sprintf(format, args...)}
 }
 
-func readAll(ctx context.Context, src Source, name string, max int64) ([]byte, error) {
+// ReadFile reads name from src, at most max bytes.
+func ReadFile(ctx context.Context, src Source, name string, max int64) ([]byte, error) {
 	rc, err := src.Open(ctx, name, max)
 	if err != nil {
 		return nil, err
@@ -78,14 +80,14 @@ func readAll(ctx context.Context, src Source, name string, max int64) ([]byte, e
 // against pol: signatures and threshold first (nothing else of the manifest
 // is trusted before that), then schema, channel, generation and expiry.
 func Open(ctx context.Context, src Source, pol Policy) (*Release, error) {
-	raw, err := readAll(ctx, src, ManifestFile, MaxManifestSize)
+	raw, err := ReadFile(ctx, src, ManifestFile, MaxManifestSize)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("%s has no %s: is it a release made by `cagectl release create`?", src, ManifestFile)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("read manifest: %w", err)
 	}
-	rawSig, err := readAll(ctx, src, SignaturesFile, MaxSignaturesSize)
+	rawSig, err := ReadFile(ctx, src, SignaturesFile, MaxSignaturesSize)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, refuse("%v: %s is missing; sign the release with `cagectl release create --key`", ErrUnsigned, SignaturesFile)
 	}
@@ -129,7 +131,7 @@ var narURLRe = regexp.MustCompile(`^nar/[0-9a-z]+\.nar(\.xz)?$`)
 // manifest's entry (mix-and-match protection) and, if Nix keys are trusted,
 // carry a valid signature by one of them.
 func (r *Release) Narinfo(ctx context.Context, p PathInfo) (*narinfo.NarInfo, error) {
-	raw, err := readAll(ctx, r.Src, p.HashPart()+".narinfo", MaxNarinfoSize)
+	raw, err := ReadFile(ctx, r.Src, p.HashPart()+".narinfo", MaxNarinfoSize)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, refuse("closure incomplete: the cache has no narinfo for %s", p.Path)
 	}
@@ -207,6 +209,11 @@ func (r *Release) OpenNAR(ctx context.Context, p PathInfo, ni *narinfo.NarInfo) 
 		return &limitedReader{r: f, c: f, left: int64(p.NarSize), name: ni.URL}, nil
 	}
 	xr, err := openXZ(ctx, f)
+	var le *localError
+	if errors.As(err, &le) {
+		f.Close()
+		return nil, fmt.Errorf("nar of %s: %w", p.Path, err)
+	}
 	if err != nil {
 		f.Close()
 		return nil, refuse("nar of %s: %v", p.Path, err)
@@ -301,6 +308,11 @@ func (r *Release) Unpack(ctx context.Context, p PathInfo, dst string) (NarStats,
 	if errors.Is(err, ErrTooLarge) {
 		return st, refuse("nar of %s is larger than its NarSize %d", p.Path, p.NarSize)
 	}
+	var we *WriteError
+	if errors.As(err, &we) {
+		// Our disk, not the release: an I/O failure, never a verdict.
+		return st, fmt.Errorf("unpack %s: %w", p.Path, err)
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return st, ctx.Err()
@@ -313,6 +325,9 @@ func (r *Release) Unpack(ctx context.Context, p PathInfo, dst string) (NarStats,
 	}
 	if !bytes.Equal(st.Digest, want) {
 		return st, refuse("nar of %s hashes to %s, manifest says %s", p.Path, formatNarHash(st.Digest), p.NarHash)
+	}
+	if p.Path == r.Manifest.Top && st.Root != nar.TypeDirectory {
+		return st, refuse("%v", TopNotDirectory(p.Path, string(st.Root)))
 	}
 	return st, nil
 }
@@ -329,9 +344,17 @@ func (c ctxReader) Read(p []byte) (int, error) {
 	return c.r.Read(p)
 }
 
+// TopNotDirectory is the reason a release whose top is not a directory is
+// refused: every cage binds top at /nix/tools, and a bind follows a link on
+// the host, so a top that is a symlink (to "/", say) would show every cage
+// the host's root.
+func TopNotDirectory(top, kind string) error {
+	return fmt.Errorf("top %s is a %s, not a directory: every cage binds top at /nix/tools, and a bind of a link would follow it on the host; publish a directory (e.g. a buildEnv) as top", top, kind)
+}
+
 // CheckCacheInfo refuses caches made for another store directory.
 func (r *Release) CheckCacheInfo(ctx context.Context) error {
-	raw, err := readAll(ctx, r.Src, CacheInfoFile, MaxCacheInfoSize)
+	raw, err := ReadFile(ctx, r.Src, CacheInfoFile, MaxCacheInfoSize)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil // optional: Nix writes it, but nothing depends on it
 	}

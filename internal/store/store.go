@@ -48,8 +48,19 @@ type Options struct {
 	Keys          []*release.PublicKey // already parsed keys, added to TrustedKeys
 	NixPublicKeys []string             // "name:base64"; when set every narinfo must be signed
 	Threshold     int                  // distinct trusted keys that must sign; default 1
-	Keep          int                  // generations kept (current included); default 3
-	Workers       int                  // parallel NAR unpackers; default max(2, GOMAXPROCS)
+	// Root keys sign key rotations (keys/<version>.json): RootKeyFiles are
+	// PEM files (store.root_keys), RootKeys already parsed; RootThreshold
+	// distinct ones must sign (store.root_threshold, default 1). Without
+	// root keys the trusted release keys are only the configured ones.
+	RootKeyFiles  []string
+	RootKeys      []*release.PublicKey
+	RootThreshold int
+	Keep          int // generations kept (current included); default 3
+	Workers       int // parallel NAR unpackers; default max(2, GOMAXPROCS)
+	// ExpiryWarning is how long before its release expires the current
+	// generation is reported as expiring (store.expiry_warning; its default
+	// is config.DefaultExpiryWarning). Zero reports only expired.
+	ExpiryWarning time.Duration
 	Now           func() time.Time
 	Logger        *slog.Logger
 	Progress      func(Progress) // called from one goroutine at a time
@@ -69,11 +80,12 @@ type Progress struct {
 
 // Store is an opened store root.
 type Store struct {
-	opts    Options
-	root    string
-	keys    []*release.PublicKey
-	nixKeys []nixsig.PublicKey
-	log     *slog.Logger
+	opts     Options
+	root     string
+	keys     []*release.PublicKey
+	rootKeys []*release.PublicKey
+	nixKeys  []nixsig.PublicKey
+	log      *slog.Logger
 }
 
 const (
@@ -103,6 +115,9 @@ func Open(opts Options) (*Store, error) {
 	if opts.Threshold == 0 {
 		opts.Threshold = 1
 	}
+	if opts.RootThreshold == 0 {
+		opts.RootThreshold = 1
+	}
 	if opts.Workers <= 0 {
 		opts.Workers = max(2, runtime.GOMAXPROCS(0))
 	}
@@ -118,6 +133,11 @@ func Open(opts Options) (*Store, error) {
 		return nil, err
 	}
 	s.keys = append(keys, opts.Keys...)
+	rootKeys, err := release.LoadPublicKeys(opts.RootKeyFiles)
+	if err != nil {
+		return nil, err
+	}
+	s.rootKeys = append(rootKeys, opts.RootKeys...)
 	s.nixKeys, err = release.ParseNixKeys(opts.NixPublicKeys)
 	if err != nil {
 		return nil, err
@@ -349,8 +369,10 @@ func (s *Store) recoverLocked() error {
 	if cur > st.Highest {
 		s.log.Info("store: recording generation switched before a crash", "generation", cur)
 		st.Highest = cur
+		// Only a cache (Highest derives the counter from current too): a
+		// full disk here must not stop the store from working.
 		if err := s.writeState(st); err != nil {
-			return fmt.Errorf("recover: %w", err)
+			s.log.Warn("store: could not record the current generation", "generation", cur, "err", err)
 		}
 	}
 	ns, err := s.generations()
@@ -369,17 +391,20 @@ func (s *Store) recoverLocked() error {
 }
 
 // switchCurrent points current at generation n with a rename, the only
-// atomic way to replace a symlink.
-func (s *Store) switchCurrent(n uint64) error {
+// atomic way to replace a symlink. committed reports whether the rename
+// happened: an error with committed set is a failed sync of the root after
+// it, and generation n is current all the same.
+func (s *Store) switchCurrent(n uint64) (committed bool, _ error) {
 	tmp := filepath.Join(s.root, ".tmp-current")
 	_ = os.Remove(tmp)
 	if err := os.Symlink(genDir+"/"+strconv.FormatUint(n, 10), tmp); err != nil {
-		return fmt.Errorf("switch generation: %w", err)
+		return false, fmt.Errorf("switch generation: %w", err)
 	}
 	if err := os.Rename(tmp, filepath.Join(s.root, currentLink)); err != nil {
-		return fmt.Errorf("switch generation: %w", err)
+		_ = os.Remove(tmp)
+		return false, fmt.Errorf("switch generation: %w", err)
 	}
-	return release.SyncDir(s.root)
+	return true, release.SyncDir(s.root)
 }
 
 // pruneLocked removes generations beyond Keep (never current) and then
@@ -483,14 +508,19 @@ func (s *Store) Recover() error {
 // below current when to is 0). It is an explicit operator action: it is
 // logged, and it does not lower the anti-rollback counter, so releases
 // must still be newer than the highest generation ever accepted.
-func (s *Store) Rollback(ctx context.Context, to uint64) (from uint64, _ uint64, err error) {
+//
+// The target must be vouched for by the current key set: signed by a
+// threshold of the release keys trusted now. A generation signed only by a
+// key since revoked is refused unless force is set; a forced rollback is
+// logged as such (store: FORCED rollback ...), with the key set version.
+func (s *Store) Rollback(ctx context.Context, to uint64, force bool) (from uint64, _ uint64, err error) {
 	unlock, err := s.lock()
 	if err != nil {
 		return 0, 0, err
 	}
 	defer unlock()
 	if err := s.recoverLocked(); err != nil {
-		return 0, 0, err
+		return 0, 0, storageFailure("recover", err)
 	}
 	from, err = s.Current()
 	if err != nil {
@@ -520,15 +550,38 @@ func (s *Store) Rollback(ctx context.Context, to uint64) (from uint64, _ uint64,
 	if err != nil {
 		return from, 0, err
 	}
+	trust, err := s.Trust()
+	if err != nil {
+		return from, 0, err
+	}
+	vouch := s.vouchedFor(to, trust)
+	if vouch != nil && len(trust.ReleaseKeys) == 0 {
+		vouch = errors.New("no trusted release keys are configured to check it against (store.keys / --key)")
+	}
+	if vouch != nil && !force {
+		return from, 0, fmt.Errorf("rollback refused: generation %d is not vouched for by the current key set (version %d): %v; `cagectl rollback --to %d --force` switches anyway and is logged as forced", to, trust.Version, vouch, to)
+	}
 	for _, p := range m.Paths {
 		if _, err := os.Lstat(filepath.Join(s.storeDir(), p.Name())); err != nil {
 			return from, 0, fmt.Errorf("generation %d is incomplete (%s missing); run `cagectl store verify`", to, p.Name())
 		}
 	}
-	if err := s.switchCurrent(to); err != nil {
-		return from, 0, err
+	// Lowering current must not lower the counter, which Highest derives
+	// from current too: record it first, or do not switch.
+	if err := s.recordHighest(from); err != nil {
+		return from, 0, storageFailure("record generation before rollback", err)
 	}
-	s.log.Warn("store: rollback by operator", "from", from, "to", to)
+	if committed, err := s.switchCurrent(to); !committed {
+		return from, 0, storageFailure("switch current", err)
+	} else if err != nil {
+		s.log.Warn("store: rollback switched, but syncing the store root failed", "err", err)
+	}
+	if vouch != nil {
+		s.log.Warn("store: FORCED rollback to a generation the current key set does not vouch for",
+			"from", from, "to", to, "key_set_version", trust.Version, "reason", vouch.Error())
+	} else {
+		s.log.Warn("store: rollback by operator", "from", from, "to", to, "key_set_version", trust.Version)
+	}
 	return from, to, nil
 }
 

@@ -33,8 +33,11 @@ type Caged struct {
 	Bus    *bustest.Bus
 	SD     *fakesd.Systemd
 	Users  bus.UserDB
-	cancel context.CancelFunc
-	done   chan error
+	// Contained, if set, is called when a quarantined agent is down and
+	// cut off, before its evidence is copied (daemon.Options.Contained).
+	Contained func(agent string)
+	cancel    context.CancelFunc
+	done      chan error
 }
 
 // Start writes cfg (HCL) to a file and starts caged in render mode.
@@ -74,6 +77,11 @@ func (c *Caged) Restart() {
 		Config: c.Config, Units: reconcile.ModeRender, Bus: c.Bus.Address, Systemd: c.Bus.Address,
 		Root: c.Root, BinDir: "/usr/local/bin", Users: c.Users, PollInterval: PollInterval,
 		Ready: func() { close(ready) }, Log: lg,
+		Contained: func(agent string) {
+			if c.Contained != nil {
+				c.Contained(agent)
+			}
+		},
 	}
 	go func() { c.done <- daemon.Serve(ctx, o) }()
 	select {

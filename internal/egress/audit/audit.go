@@ -47,8 +47,9 @@ type Logger struct {
 	mu      sync.Mutex
 	file    *os.File
 	journal bool
-	// Hook, if set, sees every record (events, tests).
+	// Hook, if set, sees every record written (events, tests).
 	Hook func(Record)
+	bud  budgets
 }
 
 // UnderSystemd reports whether the process was started by systemd with its
@@ -70,8 +71,9 @@ func Open(agent, file string, toJournal bool) (*Logger, error) {
 	return l, nil
 }
 
-// Close closes the file sink.
+// Close writes pending summaries and closes the file sink.
 func (l *Logger) Close() error {
+	l.stopBudgets()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.file == nil {
