@@ -31,6 +31,8 @@ let
       max_label_length = d.maxLabelLength;
     }) p.dns;
     credential = lib.mapAttrs (_: c: clean { inherit (c) hosts header; }) p.credentials;
+    inherit (p) websocket;
+    http_rule = lib.mapAttrs (_: r: clean { inherit (r) hosts methods paths action; }) p.httpRules;
     unsafe_allow_loopback_upstreams = p.unsafeAllowLoopbackUpstreams;
     unsafe_allow_private_upstreams = p.unsafeAllowPrivateUpstreams;
   };
@@ -50,6 +52,7 @@ let
     store = lib.mapNullable (s: clean {
       inherit (s) root channel keys threshold generations;
       nix_keys = s.nixKeys;
+      expiry_warning = s.expiryWarning;
     }) cfg.store;
   };
 in

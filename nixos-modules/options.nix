@@ -93,6 +93,25 @@ let
           };
         });
       };
+      websocket = opt types.bool "Allow WebSocket on intercepted hosts, every message inspected and redacted (default true).";
+      httpRules = mkOption {
+        default = { };
+        description = "Method and path rules on intercepted hosts, by name; deny wins, and a host named by any allow rule needs a matching one.";
+        type = types.attrsOf (types.submodule {
+          options = {
+            hosts = mkOption {
+              type = types.listOf types.str;
+              description = "Intercepted host patterns the rule applies to.";
+            };
+            methods = opt (types.listOf types.str) "Methods matched (default: any); WEBSOCKET matches handshakes.";
+            paths = opt (types.listOf types.str) "Paths matched: \"/exact\" or \"/prefix/*\" (default: any).";
+            action = mkOption {
+              type = types.enum [ "allow" "deny" ];
+              description = "What a match does.";
+            };
+          };
+        });
+      };
       unsafeAllowLoopbackUpstreams = opt types.bool "Let the gateway dial loopback addresses. Tests only.";
       unsafeAllowPrivateUpstreams = opt types.bool "Let the gateway dial private (RFC 1918, ULA) addresses.";
     };
@@ -210,6 +229,7 @@ in
         nixKeys = opt (types.listOf types.str) "Nix binary cache public keys (name:base64).";
         threshold = opt types.ints.positive "Distinct keys that must have signed (default 1).";
         generations = opt types.ints.positive "Store generations kept (default 3).";
+        expiryWarning = opt types.str "Report the current generation as expiring this long before its release expires: days (\"7d\") or a duration (\"36h\"); default 7d.";
       };
     }) "The shared read-only tool store and release trust.";
 

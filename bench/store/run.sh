@@ -39,7 +39,7 @@ for d in "$W"/src/*; do deps+=("$(nix-store --add "$d")"); done
   for p in "${deps[@]}"; do printf ' ${builtins.storePath "%s"}' "$p"; done
   echo ' > $out/deps" ]; }'
 } > "$W/top.nix"
-TOP=$(nix-build --no-out-link --option sandbox false --option substituters '' "$W/top.nix")
+TOP=$(nix-build --no-out-link --option sandbox false --option substituters '' --option build-users-group '' "$W/top.nix")
 echo "top: $TOP ($(nix-store -qR "$TOP" | wc -l) paths, $(du -sh --apparent-size "${deps[@]}" | awk '{s+=$1} END {print s}') MiB apparent)"
 
 "$W/cagectl" key generate --out "$W/key" >/dev/null

@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -24,7 +26,7 @@ egress_policy "p" {
 }
 agent "alpha" {
   backend   = "service"
-  command   = ["/bin/sh", "-c", "echo evidence > /workspace/work.txt; if [ -x /nix/tools/bin/hello ]; then /nix/tools/bin/hello; else echo no-tools; fi; exec sleep 600"]
+  command   = ["/bin/sh", "-c", "echo evidence > /workspace/work.txt; if [ -x /nix/tools/bin/hello ]; then /nix/tools/bin/hello; else echo no-tools; fi; ${agentAttack}; exec sleep 600"]
   egress    = "p"
   autostart = false
 }
@@ -37,6 +39,16 @@ store {
   keys    = ["/etc/nixcage/release.pub"]
 }
 `
+
+// agentAttack is what the agent does to its workspace to defeat the
+// evidence (issue 22): a 5 GiB sparse file, a name that rewrites the
+// operator's terminal line when sha256sum -c prints it, and a directory
+// chain deeper than PATH_MAX (mkdir -p: a restart of the agent goes on
+// where a stop interrupted it). It runs in the cage, as the agent.
+const agentAttack = `truncate -s 5G /workspace/big; ` +
+	`printf trap > \"/workspace/$(printf 'esc\\033[2K\\rall fine')\"; ` +
+	`cd /workspace && i=0 && while [ $i -lt 2100 ]; do mkdir -p d && cd d || break; i=$((i+1)); done; ` +
+	`touch /workspace/attack-done`
 
 // makeRelease builds a real Nix store path holding bin/hello that prints
 // word, and a release of it signed with key at generation gen.
@@ -91,7 +103,7 @@ func TestCagedOnSystemd(t *testing.T) {
 	m := systest.BootT(t)
 	systest.StartInternetT(t, m)
 	cfg := filepath.Join(t.TempDir(), "caged.hcl")
-	os.WriteFile(cfg, []byte(cagedConfig), 0o644)
+	os.WriteFile(cfg, []byte(strings.Replace(cagedConfig, "${agentAttack}", agentAttack, 1)), 0o644)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	if err := m.CopyIn(keys+".pub", "/etc/nixcage/release.pub", 0o644); err != nil {
@@ -186,12 +198,96 @@ func TestCagedOnSystemd(t *testing.T) {
 		t.Fatalf("status --json: %s", js)
 	}
 
-	// Quarantine: agent down, evidence that verifies, down across restarts.
-	sh("cagectl quarantine alpha --reason system-test")
+	// The store changed behind apply's back: current/top now links to the
+	// host's root. systemd's bind would follow that link on the host; the
+	// unit's store check must refuse the start instead.
+	agent := systest.AgentUnit("alpha")
+	sh("cagectl stop alpha")
+	waitActive(agent, "inactive")
+	sh("cd /var/lib/nixcage/store/generations/2 && mv top top.saved && ln -s / top")
+	if got := exitCode("cagectl store verify --store /var/lib/nixcage/store"); got == 0 {
+		t.Fatal("store verify passed a store whose top links to /")
+	}
+	exitCode("cagectl start alpha")
+	time.Sleep(time.Second)
+	if st, _ := m.UnitState(ctx, agent); st.Active == "active" {
+		t.Fatal("the agent started on a store whose top links to the host's root")
+	}
+	if j, _ := m.Journal(ctx, "nixcage-binds@alpha.service"); !strings.Contains(j, "does not resolve inside the store") {
+		t.Fatalf("the refused start does not say why:\n%s", j)
+	}
+	sh("systemctl reset-failed nixcage-binds@alpha.service || true; cd /var/lib/nixcage/store/generations/2 && rm top && mv top.saved top")
+	sh("cagectl start alpha")
+	waitActive(agent, "active")
+
+	// Who hears about it: a stranger's dbus-monitor on the system bus, and
+	// the declared viewer's cagectl events.
+	sh("setpriv --reuid=34 --regid=34 --clear-groups dbus-monitor --system >/run/stranger.mon 2>&1 & echo $! >/run/stranger.pid")
+	sh("setpriv --reuid=65534 --regid=65534 --clear-groups cagectl events >/run/viewer.events 2>&1 & echo $! >/run/viewer.pid")
+	defer m.Shell(context.Background(), "kill $(cat /run/stranger.pid) $(cat /run/viewer.pid)")
+	// dbus-monitor prints its own NameAcquired once its match rules are in.
+	waitFor := func(what, script string) {
+		t.Helper()
+		for i := 0; ; i++ {
+			if _, err := m.Shell(ctx, script); err == nil {
+				return
+			}
+			if i > 200 {
+				t.Fatalf("%s: never true: %s", what, script)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	waitFor("stranger's monitor listens", "grep -q NameAcquired /run/stranger.mon")
+	// The viewer is subscribed once it prints a broadcast caged sends.
+	waitFor("viewer's events stream", "cagectl reload >/dev/null; grep -q Reconciled /run/viewer.events")
+
+	// Quarantine (issue 22, issue 14): the agent attacked its evidence; the
+	// verb still exits 0 and says where the evidence is.
+	waitFor("the agent's attack", "test -e /var/lib/nixcage/agents/alpha/attack-done")
+	out := sh("cagectl quarantine alpha --reason system-test")
+	if !strings.Contains(out, "alpha: quarantined, evidence in /var/lib/nixcage/evidence/alpha-") {
+		t.Fatalf("quarantine output: %q", out)
+	}
 	waitActive(systest.AgentUnit("alpha"), "inactive")
-	sums := sh("cd /var/lib/nixcage/evidence/alpha-* && sha256sum -c SHA256SUMS")
+	for _, u := range []string{"cage-egress@alpha.service", "cage-egress@alpha.socket", "cage-egress-dns@alpha.socket"} {
+		if st, _ := m.UnitState(ctx, u); st.Active == "active" {
+			t.Errorf("%s still active after quarantine", u)
+		}
+	}
+	if j, _ := m.Journal(ctx, "nixcage-caged.service"); strings.Contains(j, "freeze unavailable") {
+		t.Log("this machine cannot freeze (cgroup v1 controllers on the host): quarantine took the SIGKILL path")
+	} else {
+		t.Log("the agent was frozen before its egress was cut")
+	}
+	sums := sh("cd /var/lib/nixcage/evidence/alpha-* && sha256sum --strict -c SHA256SUMS")
 	if !strings.Contains(sums, "work.txt: OK") {
 		t.Fatalf("evidence manifest does not cover the workspace:\n%s", sums)
+	}
+	if strings.ContainsAny(sums, "\x1b\r") {
+		t.Errorf("sha256sum -c printed the agent's control bytes to the operator: %q", sums)
+	}
+	du := sh("du -s --block-size=1 /var/lib/nixcage/evidence/alpha-* | cut -f1")
+	if n, err := strconv.ParseInt(strings.TrimSpace(du), 10, 64); err != nil || n > 64<<20 {
+		t.Errorf("evidence occupies %s bytes on disk (a 5 GiB sparse file must stay sparse)", du)
+	}
+	omitted := sh("cat /var/lib/nixcage/evidence/alpha-*/omitted.txt")
+	for _, want := range []string{`"workspace/big": truncated: kept the first `, "name longer than 3072 bytes, not copied"} {
+		if !strings.Contains(omitted, want) {
+			t.Errorf("omitted.txt lacks %q:\n%.1500s", want, omitted)
+		}
+	}
+	t.Logf("evidence: %s bytes on disk; omitted.txt (%d lines) names big: %v", strings.TrimSpace(du), strings.Count(omitted, "\n"), strings.Contains(omitted, `"workspace/big"`))
+
+	// The viewer heard of the quarantine; the stranger heard only the
+	// public broadcasts, up to the one that follows it.
+	waitFor("viewer hears the quarantine", "grep -q AgentQuarantined /run/viewer.events")
+	before := strings.Count(sh("cat /run/stranger.mon"), "member=Reconciled")
+	sh("cagectl reload")
+	waitFor("the broadcast after the quarantine", fmt.Sprintf("[ $(grep -c member=Reconciled /run/stranger.mon) -gt %d ]", before))
+	// (The reason itself is public: status shows it to everyone.)
+	if mon := sh("cat /run/stranger.mon"); strings.Contains(mon, "member=AgentQuarantined") || strings.Contains(mon, "/var/lib/nixcage/evidence/") {
+		t.Errorf("an undeclared user's dbus-monitor saw the quarantine:\n%s", mon)
 	}
 	sh("systemctl restart nixcage-caged.service")
 	waitActive("nixcage-caged.service", "active")

@@ -18,14 +18,15 @@ const MaxRead = 4 << 20
 // Read returns complete records of the log at path from offset on (at most
 // max) and the offset to continue from. A negative offset means "the newest
 // max records". A missing log is empty; an offset beyond the end (the log
-// was truncated or rotated) starts again at 0.
+// was truncated or rotated) starts again at 0; an offset inside a record
+// starts at the next one, so every record returned is whole.
 func Read(path string, offset int64, max int) ([]string, int64, error) {
-	f, err := os.Open(path)
+	f, err := Open(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, 0, nil
 	}
 	if err != nil {
-		return nil, 0, fmt.Errorf("audit: %w", err)
+		return nil, 0, err
 	}
 	defer f.Close()
 	st, err := f.Stat()
@@ -40,13 +41,23 @@ func Read(path string, offset int64, max int) ([]string, int64, error) {
 	if offset > size {
 		offset = 0
 	}
+	// An offset is a record start only right after a newline; anything
+	// else (a caller's guess, a stale offset) starts at the next record.
+	midRecord := false
+	if !tail && offset > 0 {
+		var prev [1]byte
+		if _, err := f.ReadAt(prev[:], offset-1); err != nil {
+			return nil, 0, fmt.Errorf("audit: %w", err)
+		}
+		midRecord = prev[0] != '\n'
+	}
 	if _, err := f.Seek(offset, io.SeekStart); err != nil {
 		return nil, 0, fmt.Errorf("audit: %w", err)
 	}
 	br := bufio.NewReaderSize(io.LimitReader(f, MaxRead), 64<<10)
 	var lines []string
 	pos := offset
-	skipFirst := tail && offset > 0 // started in the middle of a record
+	skipFirst := tail && offset > 0 || midRecord // started in the middle of a record
 	for {
 		b, err := br.ReadBytes('\n')
 		if err != nil {

@@ -32,6 +32,10 @@ func TestRead(t *testing.T) {
 		{"offset beyond the end restarts (rotated)", "a\n", 50, 10, []string{"a"}, 2},
 		{"tail gives the newest", "a\nb\nc\n", -1, 2, []string{"b", "c"}, 6},
 		{"empty lines are skipped", "a\n\nb\n", 0, 10, []string{"a", "b"}, 5},
+		{"an offset inside a record starts at the next", "abc\ndef\nghi\n", 5, 10, []string{"ghi"}, 12},
+		{"an offset on a record's last byte", "abc\ndef\n", 2, 10, []string{"def"}, 8},
+		{"an offset inside the last record", "abc\ndef\n", 6, 10, nil, 8},
+		{"an offset inside a partial record", "abc\nde", 5, 10, nil, 5},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

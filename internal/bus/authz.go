@@ -22,13 +22,16 @@ const (
 	ActOperate
 	// ActAdmin: apply, rollback, reload. admin over every agent.
 	ActAdmin
+	// ActRun: start a throw-away cage (cagectl run). operator or above
+	// over every agent: a run is a new cage, which no per-agent scope names.
+	ActRun
 )
 
 func (a Action) role() string {
 	switch a {
 	case ActView:
 		return config.RoleViewer
-	case ActOperate:
+	case ActOperate, ActRun:
 		return config.RoleOperator
 	case ActAdmin:
 		return config.RoleAdmin
@@ -127,6 +130,7 @@ func Authorize(accounts []*config.Account, id Identity, act Action, agent string
 		ActView:    "read the audit of agent " + agent,
 		ActOperate: "control agent " + agent,
 		ActAdmin:   "apply, roll back or reload (admin actions)",
+		ActRun:     "start a throw-away cage (cagectl run)",
 	}[act]
 	scope := "covering agent " + agent
 	if agent == "" {

@@ -45,6 +45,10 @@ func TestAuthorize(t *testing.T) {
 		{"admin scoped to one agent cannot apply", sam, ActAdmin, "", false, "covering all agents"},
 		{"admin scoped to one agent controls it", sam, ActOperate, "alpha", true, ""},
 		{"admin by numeric uid applies", byUID, ActAdmin, "", true, ""},
+		{"viewer cannot run a throw-away cage", viewer, ActRun, "", false, `may not start a throw-away cage (cagectl run); it needs role "operator" or higher covering all agents`},
+		{"scoped operator cannot run a throw-away cage", olga, ActRun, "", false, "covering all agents"},
+		{"operator of every agent runs a throw-away cage", gidOp, ActRun, "", true, ""},
+		{"admin runs a throw-away cage", byUID, ActRun, "", true, ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

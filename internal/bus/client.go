@@ -107,27 +107,30 @@ func (c *Client) Status(ctx context.Context) (*Status, error) {
 // slower for a thousand agents. Any mismatch falls back to dbus.Store.
 func decodeStatus(v any) (*Status, bool) {
 	f, ok := v.([]any)
-	if !ok || len(f) != 9 {
+	if !ok || len(f) != 12 {
 		return nil, false
 	}
 	st := &Status{}
-	var ok2 [8]bool
+	var ok2 [11]bool
 	st.Version, ok2[0] = f[0].(string)
 	st.Mode, ok2[1] = f[1].(string)
 	st.Config, ok2[2] = f[2].(string)
 	st.Generation, ok2[3] = f[3].(uint64)
 	st.Channel, ok2[4] = f[4].(string)
-	st.StartedUnix, ok2[5] = f[5].(int64)
-	st.ReconciledUnix, ok2[6] = f[6].(int64)
-	st.ReconcileError, ok2[7] = f[7].(string)
+	st.GenerationExpiresUnix, ok2[5] = f[5].(int64)
+	st.Freshness, ok2[6] = f[6].(string)
+	st.FreshnessMessage, ok2[7] = f[7].(string)
+	st.StartedUnix, ok2[8] = f[8].(int64)
+	st.ReconciledUnix, ok2[9] = f[9].(int64)
+	st.ReconcileError, ok2[10] = f[10].(string)
 	for _, b := range ok2 {
 		if !b {
 			return nil, false
 		}
 	}
-	agents, ok := f[8].([][]any)
+	agents, ok := f[11].([][]any)
 	if !ok {
-		generic, ok := f[8].([]any)
+		generic, ok := f[11].([]any)
 		if !ok {
 			return nil, false
 		}
@@ -141,11 +144,11 @@ func decodeStatus(v any) (*Status, bool) {
 	}
 	st.Agents = make([]AgentStatus, len(agents))
 	for i, a := range agents {
-		if len(a) != 14 {
+		if len(a) != 15 {
 			return nil, false
 		}
 		as := &st.Agents[i]
-		var ok [14]bool
+		var ok [15]bool
 		as.Name, ok[0] = a[0].(string)
 		as.Backend, ok[1] = a[1].(string)
 		as.Unit, ok[2] = a[2].(string)
@@ -160,6 +163,7 @@ func decodeStatus(v any) (*Status, bool) {
 		as.Allowed, ok[11] = a[11].(uint64)
 		as.Flagged, ok[12] = a[12].(uint64)
 		as.Blocked, ok[13] = a[13].(uint64)
+		as.RunBy, ok[14] = a[14].(string)
 		for _, b := range ok {
 			if !b {
 				return nil, false
@@ -249,12 +253,29 @@ type Event struct {
 }
 
 // Events delivers caged's signals until ctx ends. The channel is closed then.
+// It subscribes: signals carrying audit data are addressed to subscribers
+// allowed to read them, never broadcast. Addressed signals bypass match
+// rules, so each one's sender is checked against the owner of caged's name;
+// when caged restarts (a new owner), the stream follows it and subscribes
+// again.
 func (c *Client) Events(ctx context.Context) (<-chan Event, error) {
 	if err := c.conn.AddMatchSignalContext(ctx, dbus.WithMatchSender(Name), dbus.WithMatchInterface(ManagerIface)); err != nil {
 		return nil, remote(err)
 	}
+	if err := c.conn.AddMatchSignalContext(ctx, dbus.WithMatchSender("org.freedesktop.DBus"), dbus.WithMatchMember("NameOwnerChanged"), dbus.WithMatchArg(0, Name)); err != nil {
+		return nil, remote(err)
+	}
 	in := make(chan *dbus.Signal, 64)
 	c.conn.Signal(in)
+	var owner string
+	if err := c.conn.BusObject().CallWithContext(ctx, "org.freedesktop.DBus.GetNameOwner", 0, Name).Store(&owner); err != nil {
+		c.conn.RemoveSignal(in)
+		return nil, remote(err)
+	}
+	if err := c.call(ctx, "Subscribe", nil); err != nil {
+		c.conn.RemoveSignal(in)
+		return nil, err
+	}
 	out := make(chan Event, 64)
 	go func() {
 		defer close(out)
@@ -262,12 +283,21 @@ func (c *Client) Events(ctx context.Context) (<-chan Event, error) {
 		for {
 			select {
 			case <-ctx.Done():
+				// Best effort: the subscription also ends with the connection.
+				c.obj.Go(ManagerIface+".Unsubscribe", dbus.FlagNoReplyExpected, nil)
 				return
 			case sig, ok := <-in:
 				if !ok {
 					return
 				}
-				if sig.Path != Path {
+				if sig.Name == "org.freedesktop.DBus.NameOwnerChanged" && sig.Sender == "org.freedesktop.DBus" && len(sig.Body) == 3 && sig.Body[0] == Name {
+					owner, _ = sig.Body[2].(string)
+					if owner != "" {
+						c.obj.Go(ManagerIface+".Subscribe", dbus.FlagNoReplyExpected, nil)
+					}
+					continue
+				}
+				if sig.Path != Path || sig.Sender != owner {
 					continue
 				}
 				ev, ok := decodeEvent(sig)
@@ -312,6 +342,10 @@ func decodeEvent(sig *dbus.Signal) (Event, bool) {
 		keys = []string{"agent", "by"}
 	case SignalReconciled:
 		keys = []string{"error"}
+	case SignalRunStarted:
+		keys = []string{"agent", "backend", "by"}
+	case SignalRunFinished:
+		keys = []string{"agent", "exit_status", "summary"}
 	default:
 		return Event{}, false
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -40,6 +41,7 @@ type Backend interface {
 	Accounts() []*config.Account
 	// HasAgent reports whether agent is declared.
 	HasAgent(agent string) bool
+	ConfigBackend
 }
 
 // Backend errors the server maps to D-Bus error names.
@@ -65,7 +67,12 @@ type Server struct {
 	uids     map[string]uint32 // unique bus name -> uid; names are never reused
 	agents   map[string]*agentObject
 	mgrProps *prop.Properties
+	subs     map[string]Identity // unique bus name -> who subscribed
 }
+
+// maxSubscribers bounds the subscriptions caged keeps; dbus-daemon bounds
+// connections per user, this bounds the total.
+const maxSubscribers = 4096
 
 // NewServer prepares a server; Export publishes it.
 func NewServer(conn *dbus.Conn, be Backend, o ServerOptions) *Server {
@@ -75,7 +82,7 @@ func NewServer(conn *dbus.Conn, be Backend, o ServerOptions) *Server {
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
-	return &Server{conn: conn, be: be, users: o.Users, log: o.Log, uids: map[string]uint32{}, agents: map[string]*agentObject{}}
+	return &Server{conn: conn, be: be, users: o.Users, log: o.Log, uids: map[string]uint32{}, agents: map[string]*agentObject{}, subs: map[string]Identity{}}
 }
 
 // ManagerProps are the Manager's initial property values.
@@ -96,6 +103,10 @@ func (s *Server) Export(mp ManagerProps) error {
 		"Channel":        {Value: mp.Channel, Emit: prop.EmitTrue},
 		"Agents":         {Value: []dbus.ObjectPath{}, Emit: prop.EmitTrue},
 		"ReconcileError": {Value: "", Emit: prop.EmitTrue},
+		// The current generation's expiry and "none", "ok", "expiring" or
+		// "expired": a monitor watches these for a frozen channel.
+		"GenerationExpires": {Value: int64(0), Emit: prop.EmitTrue},
+		"Freshness":         {Value: "none", Emit: prop.EmitTrue},
 	}})
 	if err != nil {
 		return fmt.Errorf("export properties: %w", err)
@@ -109,6 +120,9 @@ func (s *Server) Export(mp ManagerProps) error {
 		if err := s.conn.Export(introspector(func() string { return s.introspect(p) }), dbus.ObjectPath(p), "org.freedesktop.DBus.Introspectable"); err != nil {
 			return fmt.Errorf("export introspection: %w", err)
 		}
+	}
+	if err := s.watchSubscribers(); err != nil {
+		return err
 	}
 	reply, err := s.conn.RequestName(Name, dbus.NameFlagDoNotQueue)
 	if err != nil {
@@ -128,6 +142,12 @@ func (s *Server) SetManager(generation uint64, channel, reconcileErr string) {
 	setIfChanged(s.mgrProps, ManagerIface, "ReconcileError", reconcileErr)
 }
 
+// SetFreshness updates the current generation's expiry properties.
+func (s *Server) SetFreshness(expiresUnix int64, freshness string) {
+	setIfChanged(s.mgrProps, ManagerIface, "GenerationExpires", expiresUnix)
+	setIfChanged(s.mgrProps, ManagerIface, "Freshness", freshness)
+}
+
 func setIfChanged(p *prop.Properties, iface, name string, v any) {
 	if p == nil {
 		return
@@ -135,6 +155,16 @@ func setIfChanged(p *prop.Properties, iface, name string, v any) {
 	if cur, err := p.Get(iface, name); err == nil && fmt.Sprint(cur.Value()) == fmt.Sprint(v) {
 		return
 	}
+	setProp(p, iface, name, v)
+}
+
+// setProp sets a read-only property. SetMust panics when emitting
+// PropertiesChanged fails, which it does once the connection is closed
+// (shutdown, a lost bus); a status update must never bring caged down
+// (the watchdog handles a lost bus). Names are constants here, so that is
+// the only failure left to swallow.
+func setProp(p *prop.Properties, iface, name string, v any) {
+	defer func() { _ = recover() }()
 	p.SetMust(iface, name, v)
 }
 
@@ -188,7 +218,7 @@ func (s *Server) SetAgents(sts []AgentStatus) error {
 	if s.mgrProps != nil {
 		cur, _ := s.mgrProps.Get(ManagerIface, "Agents")
 		if fmt.Sprint(cur.Value()) != fmt.Sprint(objs) {
-			s.mgrProps.SetMust(ManagerIface, "Agents", objs)
+			setProp(s.mgrProps, ManagerIface, "Agents", objs)
 		}
 	}
 	return nil
@@ -204,11 +234,82 @@ func (s *Server) UpdateAgent(st AgentStatus) {
 	}
 }
 
-// Emit sends a Manager signal.
+// Emit sends a Manager signal. Signals carrying an agent's audit data
+// (paths.BusAuditSignals; args[0] is the agent) are never broadcast: each
+// goes, addressed, to the subscribed callers allowed to view that agent's
+// audit, as ReadAudit would decide now. dbus-daemon does not let other
+// connections eavesdrop on addressed messages, and the bus policy refuses
+// these signals to anyone but root and the declared accounts.
 func (s *Server) Emit(signal string, args ...any) {
-	if err := s.conn.Emit(Path, ManagerIface+"."+signal, args...); err != nil {
-		s.log.Warn("emit signal", "signal", signal, "err", err)
+	if !slices.Contains(paths.BusAuditSignals, signal) {
+		if err := s.conn.Emit(Path, ManagerIface+"."+signal, args...); err != nil {
+			s.log.Warn("emit signal", "signal", signal, "err", err)
+		}
+		return
 	}
+	agent, _ := args[0].(string)
+	accounts := s.be.Accounts()
+	s.mu.Lock()
+	var dests []string
+	for name, id := range s.subs {
+		if Authorize(accounts, id, ActView, agent) == nil {
+			dests = append(dests, name)
+		}
+	}
+	s.mu.Unlock()
+	for _, dest := range dests {
+		msg := &dbus.Message{Type: dbus.TypeSignal, Headers: map[dbus.HeaderField]dbus.Variant{
+			dbus.FieldPath:        dbus.MakeVariant(Path),
+			dbus.FieldInterface:   dbus.MakeVariant(ManagerIface),
+			dbus.FieldMember:      dbus.MakeVariant(signal),
+			dbus.FieldDestination: dbus.MakeVariant(dest),
+			dbus.FieldSignature:   dbus.MakeVariant(dbus.SignatureOf(args...)),
+		}, Body: args}
+		if call := s.conn.Send(msg, nil); call.Err != nil {
+			s.log.Warn("send signal", "signal", signal, "to", dest, "err", call.Err)
+		}
+	}
+}
+
+// watchSubscribers forgets a subscriber when its connection goes away.
+func (s *Server) watchSubscribers() error {
+	if err := s.conn.AddMatchSignal(dbus.WithMatchSender("org.freedesktop.DBus"), dbus.WithMatchInterface("org.freedesktop.DBus"),
+		dbus.WithMatchMember("NameOwnerChanged")); err != nil {
+		return fmt.Errorf("watch bus names: %w", err)
+	}
+	ch := make(chan *dbus.Signal, 256)
+	s.conn.Signal(ch)
+	go func() {
+		for sig := range ch {
+			if sig.Name != "org.freedesktop.DBus.NameOwnerChanged" || len(sig.Body) != 3 {
+				continue
+			}
+			name, _ := sig.Body[0].(string)
+			owner, _ := sig.Body[2].(string)
+			if owner == "" {
+				s.mu.Lock()
+				delete(s.subs, name)
+				delete(s.uids, name)
+				s.mu.Unlock()
+			}
+		}
+	}()
+	return nil
+}
+
+// subscribe records sender as a receiver of audit signals.
+func (s *Server) subscribe(sender dbus.Sender) *dbus.Error {
+	id, err := s.caller(sender)
+	if err != nil {
+		return newError(ErrorAccessDenied, "%v", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.subs[string(sender)]; !ok && len(s.subs) >= maxSubscribers {
+		return newError(ErrorFailed, "too many subscribers (%d); try again later", maxSubscribers)
+	}
+	s.subs[string(sender)] = id
+	return nil
 }
 
 func agentProps(st AgentStatus) map[string]*prop.Prop {
@@ -216,7 +317,7 @@ func agentProps(st AgentStatus) map[string]*prop.Prop {
 	m := make(map[string]*prop.Prop, len(v))
 	for k, x := range v {
 		emit := prop.EmitTrue
-		if k == "Name" || k == "Backend" || k == "Unit" {
+		if k == "Name" || k == "Backend" || k == "Unit" || k == "RunBy" {
 			emit = prop.EmitConst
 		}
 		m[k] = &prop.Prop{Value: x, Emit: emit}
@@ -231,6 +332,7 @@ func agentValues(st AgentStatus) map[string]any {
 		"EgressState": st.EgressState, "Autostart": st.Autostart,
 		"Quarantined": st.Quarantined, "QuarantineReason": st.QuarantineReason, "Generation": st.Generation,
 		"EgressAllowed": st.Allowed, "EgressFlagged": st.Flagged, "EgressBlocked": st.Blocked,
+		"RunBy": st.RunBy,
 	}
 }
 
@@ -253,15 +355,29 @@ func (s *Server) caller(sender dbus.Sender) (Identity, error) {
 	return s.users.Lookup(uid), nil
 }
 
-// authorize checks a call and logs refusals.
-func (s *Server) authorize(sender dbus.Sender, act Action, agent, method string) (Identity, *dbus.Error) {
+// authorize checks an appliance-wide call and logs refusals.
+func (s *Server) authorize(sender dbus.Sender, act Action, method string) (Identity, *dbus.Error) {
+	return s.check(sender, act, "", method)
+}
+
+// authorizeAgent checks a call on one agent. The agent must be declared,
+// whatever the caller: an empty or unknown name is refused here, before
+// the role check (which would read "" as "every agent").
+func (s *Server) authorizeAgent(sender dbus.Sender, act Action, agent, method string) (Identity, *dbus.Error) {
+	if agent == "" {
+		return Identity{}, newError(ErrorNoSuchAgent, "%s needs an agent name (cagectl status lists them)", method)
+	}
+	if !s.be.HasAgent(agent) {
+		return Identity{}, newError(ErrorNoSuchAgent, "no agent named %q is declared (cagectl status lists them)", agent)
+	}
+	return s.check(sender, act, agent, method)
+}
+
+func (s *Server) check(sender dbus.Sender, act Action, agent, method string) (Identity, *dbus.Error) {
 	id, err := s.caller(sender)
 	if err != nil {
 		s.log.Warn("refused call", "method", method, "sender", string(sender), "err", err)
 		return id, newError(ErrorAccessDenied, "%v", err)
-	}
-	if agent != "" && !s.be.HasAgent(agent) {
-		return id, newError(ErrorNoSuchAgent, "no agent named %q is declared (cagectl status lists them)", agent)
 	}
 	if err := Authorize(s.be.Accounts(), id, act, agent); err != nil {
 		s.log.Warn("refused call", "method", method, "uid", id.UID, "user", id.User, "agent", agent, "err", err)
@@ -281,6 +397,8 @@ func fail(err error) *dbus.Error {
 		return newError(ErrorInvalid, "%v", err)
 	case errors.Is(err, ErrIsQuarantined):
 		return newError(ErrorQuarantined, "%v", err)
+	case errors.Is(err, ErrIO):
+		return newError(ErrorIO, "%v", err)
 	}
 	return newError(ErrorFailed, "%v", err)
 }
@@ -312,7 +430,7 @@ func (m *manager) GetAgent(name string) (dbus.ObjectPath, *dbus.Error) {
 }
 
 func (m *manager) control(sender dbus.Sender, method, agent string, f func(ctx context.Context, agent, by string) error) *dbus.Error {
-	id, derr := m.s.authorize(sender, ActOperate, agent, method)
+	id, derr := m.s.authorizeAgent(sender, ActOperate, agent, method)
 	if derr != nil {
 		return derr
 	}
@@ -336,7 +454,7 @@ func (m *manager) KillAgent(sender dbus.Sender, name string) *dbus.Error {
 }
 
 func (m *manager) QuarantineAgent(sender dbus.Sender, name, reason string) (string, *dbus.Error) {
-	id, derr := m.s.authorize(sender, ActOperate, name, "QuarantineAgent")
+	id, derr := m.s.authorizeAgent(sender, ActOperate, name, "QuarantineAgent")
 	if derr != nil {
 		return "", derr
 	}
@@ -347,12 +465,28 @@ func (m *manager) QuarantineAgent(sender dbus.Sender, name, reason string) (stri
 	return ev, fail(err)
 }
 
+// Subscribe asks for caged's signals addressed to the caller: those that
+// carry audit data arrive only this way, and only for agents whose audit
+// the caller may read. Anyone may subscribe; the subscription ends with
+// the caller's connection or Unsubscribe.
+func (m *manager) Subscribe(sender dbus.Sender) *dbus.Error {
+	return m.s.subscribe(sender)
+}
+
+// Unsubscribe ends the caller's subscription.
+func (m *manager) Unsubscribe(sender dbus.Sender) *dbus.Error {
+	m.s.mu.Lock()
+	delete(m.s.subs, string(sender))
+	m.s.mu.Unlock()
+	return nil
+}
+
 func (m *manager) ReleaseAgent(sender dbus.Sender, name string) *dbus.Error {
 	return m.control(sender, "ReleaseAgent", name, m.s.be.Release)
 }
 
 func (m *manager) ReadAudit(sender dbus.Sender, name string, offset int64, max uint32) ([]string, int64, *dbus.Error) {
-	if _, derr := m.s.authorize(sender, ActView, name, "ReadAudit"); derr != nil {
+	if _, derr := m.s.authorizeAgent(sender, ActView, name, "ReadAudit"); derr != nil {
 		return nil, 0, derr
 	}
 	lines, next, err := m.s.be.ReadAudit(context.Background(), name, offset, max)
@@ -363,7 +497,7 @@ func (m *manager) ReadAudit(sender dbus.Sender, name string, offset int64, max u
 }
 
 func (m *manager) Apply(sender dbus.Sender, source string) (ApplyResult, *dbus.Error) {
-	id, derr := m.s.authorize(sender, ActAdmin, "", "Apply")
+	id, derr := m.s.authorize(sender, ActAdmin, "Apply")
 	if derr != nil {
 		return ApplyResult{}, derr
 	}
@@ -375,7 +509,7 @@ func (m *manager) Apply(sender dbus.Sender, source string) (ApplyResult, *dbus.E
 }
 
 func (m *manager) Rollback(sender dbus.Sender, to uint64) (uint64, uint64, *dbus.Error) {
-	id, derr := m.s.authorize(sender, ActAdmin, "", "Rollback")
+	id, derr := m.s.authorize(sender, ActAdmin, "Rollback")
 	if derr != nil {
 		return 0, 0, derr
 	}
@@ -392,7 +526,7 @@ func (m *manager) ListGenerations() ([]Generation, *dbus.Error) {
 }
 
 func (m *manager) Reload(sender dbus.Sender) *dbus.Error {
-	id, derr := m.s.authorize(sender, ActAdmin, "", "Reload")
+	id, derr := m.s.authorize(sender, ActAdmin, "Reload")
 	if derr != nil {
 		return derr
 	}
@@ -411,7 +545,7 @@ func (o *agentObject) update(st AgentStatus) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for k, v := range agentValues(st) {
-		if k == "Name" || k == "Backend" || k == "Unit" {
+		if k == "Name" || k == "Backend" || k == "Unit" || k == "RunBy" {
 			continue
 		}
 		setIfChanged(o.props, AgentIface, k, v)
@@ -469,6 +603,8 @@ var argNames = map[string][]string{
 	"Rollback":        {"to", "from", "now"},
 	"ListGenerations": {"generations"},
 	"Quarantine":      {"reason", "evidence"},
+	"StartRun":        {"request", "stdin", "stdout", "stderr", "binds", "secrets", "name"},
+	"SignalRun":       {"name", "signal"},
 }
 
 func methods(v any, agentScoped bool) []introspect.Method {
@@ -495,6 +631,8 @@ var managerSignals = []introspect.Signal{
 	{Name: SignalAgentReleased, Args: []introspect.Arg{{Name: "agent", Type: "s"}, {Name: "by", Type: "s"}}},
 	{Name: SignalAgentKilled, Args: []introspect.Arg{{Name: "agent", Type: "s"}, {Name: "by", Type: "s"}}},
 	{Name: SignalReconciled, Args: []introspect.Arg{{Name: "error", Type: "s"}}},
+	{Name: SignalRunStarted, Args: []introspect.Arg{{Name: "name", Type: "s"}, {Name: "backend", Type: "s"}, {Name: "by", Type: "s"}}},
+	{Name: SignalRunFinished, Args: []introspect.Arg{{Name: "name", Type: "s"}, {Name: "exit_status", Type: "i"}, {Name: "summary", Type: "s"}}},
 }
 
 func (s *Server) introspect(path string) string {

@@ -118,6 +118,16 @@ func (f *fakeBackend) ReadAudit(ctx context.Context, agent string, offset int64,
 	return []string{`{"decision":"blocked"}`}, offset + 23, nil
 }
 
+func (f *fakeBackend) ApplyConfig(ctx context.Context, srcs []bus.ConfigSource, dryRun bool, by string) (*bus.ConfigPlan, error) {
+	f.rec("apply-config %d file(s) dry-run=%v by %s", len(srcs), dryRun, by)
+	return &bus.ConfigPlan{Added: []string{"new"}, Applied: !dryRun}, nil
+}
+
+func (f *fakeBackend) RotateSecret(ctx context.Context, agent, name string, newPlaceholder bool, by string) (string, error) {
+	f.rec("rotate %s %q %v by %s", agent, name, newPlaceholder, by)
+	return "rotated", nil
+}
+
 func (f *fakeBackend) Accounts() []*config.Account { return f.accounts }
 
 func (f *fakeBackend) HasAgent(agent string) bool {
@@ -185,6 +195,7 @@ func shippedPolicy(t testing.TB, dir string) string {
 
 func start(t testing.TB, agents int) *harness {
 	t.Helper()
+	testenv.RequireRoot(t, "the shipped D-Bus policy lets only root own org.nixcage.*, and the tests call as root, caged's implicit admin")
 	polDir := t.TempDir()
 	b := bustest.Start(t, bustest.Options{Include: []string{shippedPolicy(t, polDir)}})
 	be := &fakeBackend{accounts: []*config.Account{
@@ -271,6 +282,17 @@ func TestMethodsAsRoot(t *testing.T) {
 	}
 	if err := c.Start(ctx, "nope"); !errors.Is(err, bus.ErrNoSuchAgent) {
 		t.Errorf("start of an unknown agent: %v", err)
+	}
+	// An empty name is no agent, even for root: it must never reach the
+	// backend (where it would name the unit "nixcage-agent@.service").
+	if err := c.Stop(ctx, ""); !errors.Is(err, bus.ErrNoSuchAgent) {
+		t.Errorf("stop of the empty agent name: %v", err)
+	}
+	if _, err := c.Quarantine(ctx, "", "x"); !errors.Is(err, bus.ErrNoSuchAgent) {
+		t.Errorf("quarantine of the empty agent name: %v", err)
+	}
+	if _, _, err := c.ReadAudit(ctx, "", 0, 1); !errors.Is(err, bus.ErrNoSuchAgent) {
+		t.Errorf("audit of the empty agent name: %v", err)
 	}
 	if err := c.Ping(ctx); err != nil {
 		t.Error(err)
@@ -430,6 +452,9 @@ func TestMain(m *testing.M) {
 
 func helper(addr, what string) int {
 	ctx := context.Background()
+	if what == "watch" || what == "eavesdrop" {
+		return streamHelper(addr, what)
+	}
 	if what == "own" {
 		c, err := bustest.Dial(addr)
 		if err != nil {

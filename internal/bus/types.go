@@ -34,6 +34,8 @@ const (
 	ErrorQuarantined  = "org.nixcage.cage1.Error.Quarantined"
 	ErrorInvalid      = "org.nixcage.cage1.Error.InvalidArgument"
 	ErrorFailed       = "org.nixcage.cage1.Error.Failed"
+	// ErrorIO: the store's own disk failed; nothing was switched.
+	ErrorIO = "org.nixcage.cage1.Error.IO"
 )
 
 // Signals on the Manager interface.
@@ -54,7 +56,7 @@ func AgentPath(agent string) dbus.ObjectPath {
 }
 
 // AgentStatus is one agent as the Manager reports it. Field order is the
-// wire order: (sssssssbbstttt).
+// wire order: (sssssssbbstttts).
 type AgentStatus struct {
 	Name             string `json:"name"`
 	Backend          string `json:"backend"`
@@ -74,19 +76,29 @@ type AgentStatus struct {
 	Allowed uint64 `json:"egress_allowed"`
 	Flagged uint64 `json:"egress_flagged"`
 	Blocked uint64 `json:"egress_blocked"`
+	// RunBy is who started a throw-away cage (cagectl run); "" for a
+	// declared agent.
+	RunBy string `json:"run_by,omitempty"`
 }
 
 // Status is the appliance and every agent.
 type Status struct {
-	Version        string        `json:"version"`
-	Mode           string        `json:"units"` // "render" or "os"
-	Config         string        `json:"config"`
-	Generation     uint64        `json:"generation"` // store generation in use, 0 if none
-	Channel        string        `json:"channel"`
-	StartedUnix    int64         `json:"started_unix"`
-	ReconciledUnix int64         `json:"reconciled_unix"`
-	ReconcileError string        `json:"reconcile_error,omitempty"`
-	Agents         []AgentStatus `json:"agents"`
+	Version    string `json:"version"`
+	Mode       string `json:"units"` // "render" or "os"
+	Config     string `json:"config"`
+	Generation uint64 `json:"generation"` // store generation in use, 0 if none
+	Channel    string `json:"channel"`
+	// GenerationExpiresUnix is when the current generation's release
+	// expires (0 if none); Freshness is "none", "ok", "expiring" (within
+	// store.expiry_warning) or "expired" (a frozen channel).
+	GenerationExpiresUnix int64  `json:"generation_expires_unix"`
+	Freshness             string `json:"freshness"`
+	// FreshnessMessage says what an operator does about it ("" when ok).
+	FreshnessMessage string        `json:"freshness_message,omitempty"`
+	StartedUnix      int64         `json:"started_unix"`
+	ReconciledUnix   int64         `json:"reconciled_unix"`
+	ReconcileError   string        `json:"reconcile_error,omitempty"`
+	Agents           []AgentStatus `json:"agents"`
 }
 
 // Generation is one kept store generation.
@@ -109,6 +121,8 @@ type ApplyResult struct {
 	Added      uint32 `json:"added"`
 	Reused     uint32 `json:"reused"`
 	Bytes      int64  `json:"bytes"`
+	// Warnings are failures after the switch: the generation is current.
+	Warnings []string `json:"warnings"`
 }
 
 // Sentinel errors a Client returns (wrapped in *RemoteError or a dial error).
@@ -116,6 +130,10 @@ var (
 	ErrDenied      = errors.New("access denied")
 	ErrNoSuchAgent = errors.New("no such agent")
 	ErrUnavailable = errors.New("caged is not available")
+	// ErrIO marks a store I/O failure (out of space or inodes, read-only,
+	// I/O error): a backend wraps it, the server sends ErrorIO, a client's
+	// RemoteError matches it again.
+	ErrIO = errors.New("store I/O failure")
 )
 
 // RemoteError is an error caged returned.
@@ -133,6 +151,8 @@ func (e *RemoteError) Is(target error) bool {
 		return e.Name == ErrorAccessDenied || e.Name == "org.freedesktop.DBus.Error.AccessDenied"
 	case ErrNoSuchAgent:
 		return e.Name == ErrorNoSuchAgent
+	case ErrIO:
+		return e.Name == ErrorIO
 	case ErrUnavailable:
 		return e.Name == "org.freedesktop.DBus.Error.ServiceUnknown" ||
 			e.Name == "org.freedesktop.DBus.Error.NameHasNoOwner" ||

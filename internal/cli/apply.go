@@ -70,12 +70,10 @@ func runApply(ctx context.Context, env *Env, args []string) error {
 	if pp != nil {
 		pp.done()
 	}
-	if res != nil && res.Generation != 0 && err != nil {
-		fmt.Fprintf(env.Out, "generation %d is current\n", res.Generation)
-	}
 	if err != nil {
 		return failure(err)
 	}
+	printWarnings(env, res.Warnings)
 	fmt.Fprintf(env.Out, "generation %d (channel %s) is current, was %d: %s; %d paths added (%s), %d reused; pruned %d generation(s), collected %d path(s)\n",
 		res.Generation, res.Channel, res.Previous, res.Top, res.Added, mib(res.Bytes), res.Reused, len(res.Pruned), len(res.Collected))
 	if *verbose {
@@ -137,9 +135,18 @@ func applyViaCaged(ctx context.Context, env *Env, addr, src string) error {
 	if err != nil {
 		return noCaged("apply", busError(err))
 	}
+	printWarnings(env, res.Warnings)
 	fmt.Fprintf(env.Out, "generation %d (channel %s) is current, was %d: %s; %d paths added (%s), %d reused\n",
 		res.Generation, res.Channel, res.Previous, res.Top, res.Added, mib(res.Bytes), res.Reused)
 	return nil
+}
+
+// printWarnings reports what failed after an apply's commit point: the
+// apply succeeded (exit 0), the operator still has something to look at.
+func printWarnings(env *Env, ws []string) {
+	for _, w := range ws {
+		fmt.Fprintln(env.Err, "cagectl: warning:", w)
+	}
 }
 
 func rollbackViaCaged(ctx context.Context, env *Env, addr string, to uint64) error {

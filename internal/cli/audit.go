@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/nixcage/nixcage/internal/auditlog"
@@ -86,40 +85,20 @@ func runAudit(ctx context.Context, env *Env, args []string) error {
 	return nil
 }
 
-// printAudit prints one record: raw, or one readable line.
+// printAudit prints one record: raw, or one readable line. Both are safe
+// for a terminal: a line that is not a record is escaped whole, and raw
+// JSON keeps only characters a terminal does not act on (auditlog.Escape;
+// the JSONL the gateway writes already escapes C0 controls, but a C1 CSI or
+// a bidi override is valid JSON text).
 func printAudit(env *Env, line string, raw bool) {
-	if raw {
-		fmt.Fprintln(env.Out, line)
-		return
-	}
-	var r struct {
-		TS       string   `json:"ts"`
-		Method   string   `json:"method"`
-		Host     string   `json:"host"`
-		Port     int      `json:"port"`
-		Path     string   `json:"path"`
-		Decision string   `json:"decision"`
-		Reason   string   `json:"reason"`
-		Rule     string   `json:"rule"`
-		Inspect  []string `json:"inspectors"`
-	}
+	var r auditlog.Record
 	if err := json.Unmarshal([]byte(line), &r); err != nil {
-		fmt.Fprintln(env.Out, line)
+		fmt.Fprintln(env.Out, auditlog.Escape(line))
 		return
 	}
-	target := r.Host
-	if r.Port != 0 {
-		target = fmt.Sprintf("%s:%d", r.Host, r.Port)
+	if raw {
+		fmt.Fprintln(env.Out, auditlog.EscapeJSON(line))
+		return
 	}
-	var why []string
-	if r.Reason != "" {
-		why = append(why, r.Reason)
-	}
-	if r.Rule != "" {
-		why = append(why, "rule "+r.Rule)
-	}
-	if len(r.Inspect) > 0 {
-		why = append(why, "inspectors "+strings.Join(r.Inspect, ","))
-	}
-	fmt.Fprintf(env.Out, "%s  %-7s  %-7s %s%s  %s\n", r.TS, r.Decision, r.Method, target, r.Path, strings.Join(why, "; "))
+	fmt.Fprintln(env.Out, r.Line())
 }

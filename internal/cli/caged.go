@@ -36,6 +36,8 @@ func busError(err error) error {
 		return &ExitError{Code: ExitDenied, Err: err}
 	case errors.Is(err, bus.ErrUnavailable):
 		return &ExitError{Code: ExitNoConn, Err: err}
+	case errors.Is(err, bus.ErrIO):
+		return &ExitError{Code: ExitIO, Err: err}
 	}
 	var ee *ExitError
 	if errors.As(err, &ee) {

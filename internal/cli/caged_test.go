@@ -236,7 +236,7 @@ func TestEventsFollow(t *testing.T) {
 		if err := json.Unmarshal([]byte(line), &ev); err != nil {
 			t.Fatalf("events --json line %q: %v", line, err)
 		}
-		if ev.Kind == "AgentKilled" && ev.Agent == "beta-2" && strings.Contains(ev.Data["by"], "uid 0") && ev.TS != "" {
+		if ev.Kind == "AgentKilled" && ev.Agent == "beta-2" && strings.Contains(ev.Data["by"], fmt.Sprintf("(uid %d)", daemontest.CallerUID())) && ev.TS != "" {
 			found = true
 		}
 	}
@@ -372,7 +372,7 @@ store {
 	}
 	for ev := range events {
 		if ev.Kind == bus.SignalReleaseApplied {
-			if ev.Data["generation"] != "1" || !strings.Contains(ev.Data["by"], "uid 0") {
+			if ev.Data["generation"] != "1" || !strings.Contains(ev.Data["by"], fmt.Sprintf("(uid %d)", daemontest.CallerUID())) {
 				t.Errorf("ReleaseApplied = %+v", ev)
 			}
 			break

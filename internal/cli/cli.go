@@ -29,6 +29,13 @@ const (
 	ExitUsage   = 2 // the command line was wrong
 	ExitDenied  = 3 // the daemon refused: not authorized
 	ExitNoConn  = 4 // caged could not be reached
+	// ExitIO: the store's own file system failed (out of space or inodes,
+	// read-only, I/O error) before the switch; the previous generation is
+	// still current. Distinct from a refused release (1), a policy verdict.
+	ExitIO = 5
+	// ExitExpired: `store verify` found the store intact but the current
+	// generation's release expired (a frozen mirror); see docs/store.md.
+	ExitExpired = 6
 )
 
 // ExitError carries an exit code through Run. Its message, if any, has been
@@ -111,6 +118,7 @@ func Main(ctx context.Context, args []string, stdio Stdio) int {
 }
 
 func printUsage(w io.Writer) {
+	defer fmt.Fprint(w, exitCodesHelp)
 	fmt.Fprintln(w, "usage: cagectl COMMAND [ARGS]\n\ncommands:")
 	names := make([]string, 0, len(commands))
 	for n := range commands {
@@ -146,3 +154,14 @@ func parseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
 		args = args[1:]
 	}
 }
+
+const exitCodesHelp = `
+exit status:
+  0  success
+  1  the operation ran and failed (invalid config, release refused by policy, store corrupt)
+  2  bad command line
+  3  caged refused: not authorized
+  4  caged could not be reached
+  5  store I/O failure (out of space or inodes, read-only, I/O error); nothing was switched
+  6  store verify: intact, but the current generation's release has expired
+`

@@ -27,6 +27,7 @@ func runRender(ctx context.Context, env *Env, args []string) error {
 	fs.StringVar(&o.Podman, "podman", o.Podman, "path of podman on the target host")
 	fs.StringVar(&o.Tmpfiles, "tmpfiles", o.Tmpfiles, "path of systemd-tmpfiles on the target host")
 	fs.StringVar(&o.CagedConfig, "caged-config", "", "configuration caged reads (default: the canonical JSON written with the units)")
+	fs.StringVar(&o.CagedUnits, "caged-units", "os", "caged's --units in its unit: os (install the whole tree) or render (install only caged's unit, the bus policy and the config; caged renders agents into /run)")
 	files, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -44,6 +45,11 @@ func runRender(ctx context.Context, env *Env, args []string) error {
 	}
 	changed, err := render.Write(*out, rendered)
 	if err != nil {
+		return err
+	}
+	// The manifest lets caged (`cagectl apply-config`) prune what a later
+	// config no longer declares and render unchanged agents identically.
+	if err := render.WriteManifest(*out, render.Manifest{Files: render.Paths(rendered), Options: &o}); err != nil {
 		return err
 	}
 	fmt.Fprintf(env.Out, "rendered %d file(s) into %s, %d changed\n", len(rendered), *out, len(changed))

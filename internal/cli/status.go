@@ -83,6 +83,12 @@ func printStatus(env *Env, st *bus.Status) {
 	}
 	fmt.Fprintf(env.Out, "caged %s, units %s, store generation %s, up since %s\n", st.Version, st.Mode, gen,
 		time.Unix(st.StartedUnix, 0).UTC().Format(time.RFC3339))
+	switch st.Freshness {
+	case "expired":
+		fmt.Fprintf(env.Out, "store EXPIRED: %s\n", st.FreshnessMessage)
+	case "expiring":
+		fmt.Fprintf(env.Out, "store expiring: %s\n", st.FreshnessMessage)
+	}
 	if st.ReconcileError != "" {
 		fmt.Fprintf(env.Out, "last reconcile FAILED: %s\n", st.ReconcileError)
 	}
@@ -109,7 +115,10 @@ func printStatus(env *Env, st *bus.Status) {
 		if a.Quarantined {
 			note = append(note, "QUARANTINED: "+a.QuarantineReason)
 		}
-		if !a.Autostart {
+		switch {
+		case a.RunBy != "":
+			note = append(note, "throw-away (cagectl run) by "+a.RunBy)
+		case !a.Autostart:
 			note = append(note, "manual start")
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\n", a.Name, a.Backend, state, orDash(a.EgressState), g,

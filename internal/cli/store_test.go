@@ -6,8 +6,10 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nixcage/nixcage/internal/release/releasetest"
 	"github.com/nixcage/nixcage/internal/store"
@@ -139,4 +141,77 @@ func TestProgressPrinter(t *testing.T) {
 	if isTerminal(&b) {
 		t.Fatal("a buffer is not a terminal")
 	}
+}
+
+// Exit statuses a script relies on: a full store disk is 5 (not 1, a
+// refusal) and leaves the old generation verifying; an expired current
+// generation makes `store verify` exit 6; one close to expiry warns.
+func TestStoreExitCodes(t *testing.T) {
+	releasetest.RequireNix(t)
+	top1 := releasetest.Closure(t, "cli-io1", 64<<10)
+	top2 := releasetest.Closure(t, "cli-io2", 2<<20)
+	dir := t.TempDir()
+	key := filepath.Join(dir, "ops")
+	mustRun(t, "key", "generate", "--out", key)
+	rel1, rel2 := filepath.Join(dir, "rel1"), filepath.Join(dir, "rel2")
+	mustRun(t, "release", "create", top1, "--key", key+".key", "--channel", "stable", "--generation", "1", "--expires", "3d", "--out", rel1, "--compression", "none")
+	mustRun(t, "release", "create", top2, "--key", key+".key", "--channel", "stable", "--generation", "2", "--expires", "30d", "--out", rel2, "--compression", "none")
+
+	t.Run("ExpiringAndExpired", func(t *testing.T) {
+		root := filepath.Join(t.TempDir(), "root")
+		mustRun(t, "apply", rel1, "--offline", "--store", root, "--channel", "stable", "--key", key+".pub")
+		out := mustRun(t, "store", "verify", "--store", root)
+		if !strings.Contains(out, "WARN generation 1's release expires at") {
+			t.Fatalf("a generation expiring in 3 days with the 7-day default window: %q", out)
+		}
+		if out := mustRun(t, "store", "verify", "--store", root, "--expiry-warning", "24h"); strings.Contains(out, "WARN") {
+			t.Fatalf("outside a 24h window: %q", out)
+		}
+		// Three days on, the mirror still serves nothing newer.
+		s, err := store.Open(store.Options{Root: root, ReadOnly: true, Now: func() time.Time { return time.Now().Add(4 * 24 * time.Hour) }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Verify(context.Background(), false); !errors.Is(err, store.ErrExpired) {
+			t.Fatalf("verify 4 days on: %v", err)
+		}
+		// The same through cagectl: rewrite the kept manifest's expiry as
+		// it would read then (the file is root's; only the clock moved).
+		gen := filepath.Join(root, "generations", "1", "release.json")
+		b, err := os.ReadFile(gen)
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.Chmod(gen, 0o644)
+		past := time.Now().Add(-time.Hour).UTC().Format(time.RFC3339)
+		b = regexp.MustCompile(`"expires": "[^"]*"`).ReplaceAll(b, []byte(`"expires": "`+past+`"`))
+		b = regexp.MustCompile(`"created": "[^"]*"`).ReplaceAll(b, []byte(`"created": "2020-01-01T00:00:00Z"`))
+		if err := os.WriteFile(gen, b, 0o444); err != nil {
+			t.Fatal(err)
+		}
+		out, _, code := cagectl(t, "store", "verify", "--store", root)
+		if code != ExitExpired || !strings.Contains(out, "EXPIRED generation 1's release expired at") {
+			t.Fatalf("store verify of an expired generation: exit %d %q", code, out)
+		}
+	})
+
+	t.Run("DiskFull", func(t *testing.T) {
+		mnt := releasetest.SmallFS(t, 16<<20, 2048)
+		root := filepath.Join(mnt, "root")
+		args := []string{"--offline", "--store", root, "--channel", "stable", "--key", key + ".pub"}
+		mustRun(t, append([]string{"apply", rel1}, args...)...)
+		free := releasetest.Fill(t, mnt, 256<<10, 1000)
+		_, errOut, code := cagectl(t, append([]string{"apply", rel2}, args...)...)
+		if code != ExitIO || !strings.Contains(errOut, "store I/O failure") || strings.Contains(errOut, "release refused") {
+			t.Fatalf("apply on a full disk: exit %d %q, want %d", code, errOut, ExitIO)
+		}
+		if out := mustRun(t, "generations", "--store", root); !strings.Contains(out, "*    1") {
+			t.Fatalf("generations after a failed apply:\n%s", out)
+		}
+		mustRun(t, "store", "verify", "--store", root)
+		free()
+		if out := mustRun(t, append([]string{"apply", rel2}, args...)...); !strings.Contains(out, "generation 2 (channel stable) is current") {
+			t.Fatalf("apply once space is back: %q", out)
+		}
+	})
 }

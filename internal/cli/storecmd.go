@@ -3,9 +3,11 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
+	"github.com/nixcage/nixcage/internal/paths"
 	"github.com/nixcage/nixcage/internal/store"
 )
 
@@ -18,9 +20,15 @@ func init() {
 	})
 	register(&command{
 		name:  "store verify",
-		args:  "[--store ROOT] [--all] [--key PUB]",
+		args:  "[--store ROOT] [--all] [--key PUB] [--expiry-warning D]",
 		short: "re-hash what is live in the store against its manifest",
 		run:   runStoreVerify,
+	})
+	register(&command{
+		name:  "store binds",
+		args:  "[--store ROOT] [--for service|nspawn|podman]",
+		short: "resolve the store's bind sources for a cage start, refusing any link out of the store",
+		run:   runStoreBinds,
 	})
 	register(&command{
 		name:  "store gc",
@@ -99,8 +107,15 @@ func runStoreVerify(ctx context.Context, env *Env, args []string) error {
 			fmt.Fprintln(env.Out, "FAIL", p)
 		}
 	}
+	if errors.Is(err, store.ErrExpired) {
+		fmt.Fprintln(env.Out, "EXPIRED", rep.Freshness.Message())
+		return &ExitError{Code: ExitExpired, Err: err}
+	}
 	if err != nil {
 		return failure(err)
+	}
+	if msg := rep.Freshness.Message(); msg != "" {
+		fmt.Fprintln(env.Out, "WARN", msg)
 	}
 	sig := "signatures not checked (no --key)"
 	if len(sf.keys) > 0 {
@@ -134,5 +149,35 @@ func runStoreGC(ctx context.Context, env *Env, args []string) error {
 		return failure(err)
 	}
 	fmt.Fprintf(env.Out, "removed %d generation(s) %v and %d store path(s)\n", len(gens), gens, len(paths))
+	return nil
+}
+
+// runStoreBinds is what every agent unit runs as it starts (the service
+// backend as ExecStartPre=+, nspawn and podman in their ExecStart= wrapper):
+// it resolves ROOT/nix/store and current/top without following any link out
+// of the store and prints them as the container manager's bind options. A
+// store whose links leave it makes the cage fail to start instead of
+// showing it a host directory.
+func runStoreBinds(_ context.Context, env *Env, args []string) error {
+	fl := newFlags(env, "store binds")
+	root := fl.String("store", paths.DefaultStoreRoot, "store root `DIR`")
+	backend := fl.String("for", "service", "print options for `BACKEND`: service (SRC:DST lines), nspawn or podman")
+	pos, err := parseFlags(fl, args)
+	if err != nil {
+		return err
+	}
+	format, ok := map[string]string{"service": "%s\n", "nspawn": "--bind-ro=%s ", "podman": "--volume=%s:ro "}[*backend]
+	if len(pos) != 0 || !ok {
+		return usageError("usage: cagectl store binds [--store ROOT] [--for service|nspawn|podman]")
+	}
+	b, err := store.ResolveBinds(*root)
+	if err != nil {
+		return failure(fmt.Errorf("refusing to start a cage on this store: %w", err))
+	}
+	for _, m := range [][2]string{{b.Store, paths.CageStoreMount}, {b.Tools, paths.CageTools}} {
+		if m[0] != "" {
+			fmt.Fprintf(env.Out, format, m[0]+":"+m[1])
+		}
+	}
 	return nil
 }

@@ -12,6 +12,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nixcage/nixcage/internal/bus"
+	"github.com/nixcage/nixcage/internal/config"
 	"github.com/nixcage/nixcage/internal/paths"
 	"github.com/nixcage/nixcage/internal/store"
 )
@@ -33,6 +35,7 @@ type storeFlags struct {
 	keep      int
 	offline   bool
 	jobs      int
+	expiry    time.Duration
 }
 
 func addStoreFlags(fs *flag.FlagSet, writer bool) *storeFlags {
@@ -40,6 +43,7 @@ func addStoreFlags(fs *flag.FlagSet, writer bool) *storeFlags {
 	fs.StringVar(&sf.root, "store", paths.DefaultStoreRoot, "store root `DIR`")
 	fs.Var(&sf.keys, "key", "trusted release public key `PEM` file (repeatable)")
 	fs.IntVar(&sf.threshold, "threshold", 1, "distinct trusted keys that must have signed")
+	fs.DurationVar(&sf.expiry, "expiry-warning", config.DefaultExpiryWarning, "report the current generation as expiring this long before its release expires (store.expiry_warning)")
 	if writer {
 		fs.StringVar(&sf.channel, "channel", "", "channel the store follows")
 		fs.Var(&sf.nixKeys, "nix-key", "trusted Nix public key `name:base64`; every narinfo must then be signed (repeatable)")
@@ -52,7 +56,7 @@ func addStoreFlags(fs *flag.FlagSet, writer bool) *storeFlags {
 
 func (sf *storeFlags) options() store.Options {
 	return store.Options{Root: sf.root, Channel: sf.channel, TrustedKeys: sf.keys,
-		NixPublicKeys: sf.nixKeys, Threshold: sf.threshold, Keep: sf.keep, Workers: sf.jobs}
+		NixPublicKeys: sf.nixKeys, Threshold: sf.threshold, Keep: sf.keep, Workers: sf.jobs, ExpiryWarning: sf.expiry}
 }
 
 // errNoBus is what writers say until caged's D-Bus interface is wired in.
@@ -101,11 +105,16 @@ func (p *progressPrinter) done() {
 
 func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
 
-// failure marks an operation that ran and failed.
+// failure marks an operation that ran and failed; a failure of the store's
+// own disk gets its own status, so a script can tell it from a refusal.
 func failure(err error) error {
 	var ee *ExitError
 	if errors.As(err, &ee) {
 		return err
+	}
+	var se *store.StorageError
+	if errors.As(err, &se) || errors.Is(err, bus.ErrIO) {
+		return &ExitError{Code: ExitIO, Err: err}
 	}
 	return &ExitError{Code: ExitFailure, Err: err}
 }

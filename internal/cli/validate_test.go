@@ -124,3 +124,15 @@ func TestExitErrorUnwraps(t *testing.T) {
 		t.Fatal("ExitError does not unwrap")
 	}
 }
+
+// The reference example allows *.example.org and denies evil.example.org:
+// validate accepts it and explains that the deny covers the names below.
+func TestValidateExplainsDenyBelow(t *testing.T) {
+	code, _, errs := run(t, "validate", "../../examples/reference.hcl")
+	if code != ExitOK {
+		t.Fatalf("exit %d\n%s", code, errs)
+	}
+	if !strings.Contains(errs, "Warning: Deny covers the names below it") || !strings.Contains(errs, "x.evil.example.org") || !strings.Contains(errs, `allow "*.example.org"`) {
+		t.Fatalf("no explanation of the deny rule:\n%s", errs)
+	}
+}

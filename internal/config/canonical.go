@@ -55,6 +55,12 @@ func Canonical(cfg *Config) ([]byte, error) {
 	if len(agents) > 0 {
 		doc["agent"] = agents
 	}
+	// Declared but unused policies stay available to caged (cagectl run).
+	for _, p := range cfg.Policies {
+		if _, ok := policies[p.Name]; !ok {
+			policies[p.Name] = canonPolicy(p)
+		}
+	}
 	if len(policies) > 0 {
 		doc["egress_policy"] = policies
 	}
@@ -80,6 +86,7 @@ func Canonical(cfg *Config) ([]byte, error) {
 		m := map[string]any{
 			"root": s.Root, "channel": s.Channel, "keys": s.Keys,
 			"threshold": s.Threshold, "generations": s.Generations,
+			"expiry_warning": s.ExpiryWarning.String(),
 		}
 		if len(s.NixKeys) > 0 {
 			m["nix_keys"] = s.NixKeys
@@ -116,7 +123,8 @@ func canonPolicy(p policy.Policy) map[string]any {
 		}
 		inspectors[in.Name] = m
 	}
-	return map[string]any{
+	m := map[string]any{
+		"websocket":  p.WebSocket,
 		"allow":      p.Allow,
 		"deny":       p.Deny,
 		"ports":      p.Ports,
@@ -137,4 +145,19 @@ func canonPolicy(p policy.Policy) map[string]any {
 		"unsafe_allow_loopback_upstreams": p.UnsafeAllowLoopbackUpstreams,
 		"unsafe_allow_private_upstreams":  p.UnsafeAllowPrivateUpstreams,
 	}
+	if len(p.HTTPRules) > 0 {
+		rules := map[string]any{}
+		for _, r := range p.HTTPRules {
+			rm := map[string]any{"hosts": r.Hosts, "action": r.Action}
+			if len(r.Methods) > 0 {
+				rm["methods"] = r.Methods
+			}
+			if len(r.Paths) > 0 {
+				rm["paths"] = r.Paths
+			}
+			rules[r.Name] = rm
+		}
+		m["http_rule"] = rules
+	}
+	return m
 }

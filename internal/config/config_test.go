@@ -85,6 +85,25 @@ func TestBuiltinPolicyCredentialBinding(t *testing.T) {
 	if s.Header != "x-api-key" || !reflect.DeepEqual(s.Hosts, []string{"api.anthropic.com"}) {
 		t.Fatalf("secret = %+v", s)
 	}
+	// The shipped policy keeps the key out of Claude Code's telemetry and
+	// lets the model API through (issue 11 item 8).
+	p := cfg.Agents[0].Policy
+	for path, want := range map[string]string{
+		"/api/event_logging/batch":                       "http_rule:telemetry",
+		"/api/event_logging/v2/batch":                    "http_rule:telemetry",
+		"/api/claude_code/metrics":                       "http_rule:telemetry",
+		"/api/claude_code/organizations/metrics_enabled": "http_rule:telemetry",
+		"/api/eval/sdk-zAZezfDKGoZuXXKe":                 "http_rule:telemetry",
+		"/v1/messages":                                   "",
+		"/v1/messages/count_tokens":                      "",
+	} {
+		if d := p.DecideHTTP("api.anthropic.com", "POST", path, path, false); d.Rule != want {
+			t.Errorf("claude-code policy, POST %s: rule %q, want %q", path, d.Rule, want)
+		}
+	}
+	if !p.WebSocket {
+		t.Error("websocket default is not on")
+	}
 }
 
 func TestDefaultPolicyDeniesEverything(t *testing.T) {

@@ -1,6 +1,10 @@
 package config
 
-import "github.com/nixcage/nixcage/internal/policy"
+import (
+	"time"
+
+	"github.com/nixcage/nixcage/internal/policy"
+)
 
 // Config is the validated, normalized model every other package consumes.
 // Everything in it has been checked; defaults are filled in.
@@ -8,6 +12,9 @@ type Config struct {
 	Agents   []*Agent   // sorted by name
 	Accounts []*Account // in declaration order
 	Store    *Store     // nil when no store block was declared
+	// Policies are the declared named policies, used or not (cagectl run
+	// names them too), sorted by name.
+	Policies []policy.Policy
 }
 
 // Backends an agent can run under.
@@ -87,6 +94,9 @@ type Store struct {
 	NixKeys     []string
 	Threshold   int
 	Generations int
+	// ExpiryWarning: the current generation is reported as expiring this
+	// long before its release expires (DefaultExpiryWarning).
+	ExpiryWarning time.Duration
 }
 
 // Agent returns the agent called name, or nil.

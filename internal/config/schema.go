@@ -67,9 +67,22 @@ type policyV1 struct {
 	Limits      []limitsV1     `hcl:"limits,block"`
 	DNS         []dnsV1        `hcl:"dns,block"`
 	Credentials []credentialV1 `hcl:"credential,block"`
+	WebSocket   *bool          `hcl:"websocket,optional"`
+	HTTPRules   []httpRuleV1   `hcl:"http_rule,block"`
 
 	UnsafeAllowLoopbackUpstreams *bool `hcl:"unsafe_allow_loopback_upstreams,optional"`
 	UnsafeAllowPrivateUpstreams  *bool `hcl:"unsafe_allow_private_upstreams,optional"`
+}
+
+// httpRuleV1 allows or denies requests to intercepted hosts by method and
+// path.
+type httpRuleV1 struct {
+	Body    hcl.Body `hcl:",body"`
+	Name    string   `hcl:"name,label"`
+	Hosts   []string `hcl:"hosts"`
+	Methods []string `hcl:"methods,optional"`
+	Paths   []string `hcl:"paths,optional"`
+	Action  string   `hcl:"action"`
 }
 
 type rateLimitV1 struct {
@@ -128,4 +141,6 @@ type storeV1 struct {
 	NixKeys     []string `hcl:"nix_keys,optional"`
 	Threshold   *int     `hcl:"threshold,optional"`
 	Generations *int     `hcl:"generations,optional"`
+	// ExpiryWarning is days ("7d") or a Go duration ("36h").
+	ExpiryWarning *string `hcl:"expiry_warning,optional"`
 }

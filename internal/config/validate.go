@@ -46,28 +46,20 @@ var reservedEnv = map[string]bool{
 	"NIXCAGE_AGENT": true, "LD_PRELOAD": true, "LD_LIBRARY_PATH": true,
 }
 
-// Defaults, in one place so docs/config.md can quote them.
+// Defaults of the agent and store model, in one place so docs/config.md can
+// quote them. The egress policy's defaults live with its model, in package
+// policy (policy.DefaultMaxTunnels, ...).
 const (
-	DefaultMemory         = "2G"
-	DefaultTasks          = 512
-	DefaultPort           = 443
-	DefaultRatePerSecond  = 20.0
-	DefaultRateBurst      = 40
-	DefaultMaxTunnels     = 64
-	DefaultMaxHeaderBytes = 64 << 10
-	DefaultMaxBodyBytes   = 32 << 20
-	DefaultIdleTimeout    = 5 * time.Minute
-	DefaultEntropy        = 4.5
-	DefaultBlobMinLength  = 512
-	DefaultMaxLabelLength = 63
-	DefaultGenerations    = 3
-	DefaultPolicy         = "none"
-	DefaultSecretHeader   = "Authorization"
+	DefaultMemory       = "2G"
+	DefaultTasks        = 512
+	DefaultPort         = 443
+	DefaultGenerations  = 3
+	DefaultPolicy       = "none"
+	DefaultSecretHeader = "Authorization"
+	// DefaultExpiryWarning: a current generation whose release expires
+	// within this is reported as expiring (store verify, status, D-Bus).
+	DefaultExpiryWarning = 7 * 24 * time.Hour
 )
-
-// DefaultDNSDenyTypes are refused even for allowed names: zone transfers and
-// ANY only help enumeration and amplification.
-var DefaultDNSDenyTypes = []string{"ANY", "AXFR", "IXFR"}
 
 type validator struct {
 	loader *Loader
@@ -83,13 +75,39 @@ type resolvedPolicy struct {
 }
 
 func (v *validator) errorf(rng hcl.Range, summary, detail string, args ...any) {
+	v.diag(hcl.DiagError, rng, summary, fmt.Sprintf(detail, args...))
+}
+
+// warnf notes something valid the operator may not expect.
+func (v *validator) warnf(rng hcl.Range, summary, detail string, args ...any) {
+	v.diag(hcl.DiagWarning, rng, summary, fmt.Sprintf(detail, args...))
+}
+
+func (v *validator) diag(sev hcl.DiagnosticSeverity, rng hcl.Range, summary, detail string) {
 	r := rng
-	v.diags = append(v.diags, &hcl.Diagnostic{
-		Severity: hcl.DiagError,
-		Summary:  summary,
-		Detail:   fmt.Sprintf(detail, args...),
-		Subject:  &r,
-	})
+	v.diags = append(v.diags, &hcl.Diagnostic{Severity: sev, Summary: summary, Detail: detail, Subject: &r})
+}
+
+// denyBelowNotes explains the deny rule where a policy would have been read
+// otherwise before it: an exact deny entry covers every name below it
+// (policy.Covers), so names an allow wildcard or an allowed subdomain let
+// through under the old reading are refused now. A warning, not an error:
+// the config is valid and stricter than before.
+func (v *validator) denyBelowNotes(name string, body hcl.Body, allow, deny []string) {
+	for _, d := range deny {
+		if strings.HasPrefix(d, "*.") {
+			continue // a wildcard always meant its subdomains
+		}
+		for _, a := range allow {
+			below := "x." + d
+			switch {
+			case a != d && policy.Covers(d, a) && !strings.HasPrefix(a, "*."):
+				v.warnf(at(body, "deny"), "Deny covers an allowed name", "egress_policy %q: deny %q also refuses every name below it, so allow %q is refused (CONNECT, HTTP and DNS). Remove %q from allow, or narrow the deny entry.", name, d, a, a)
+			case policy.Match(a, below):
+				v.warnf(at(body, "deny"), "Deny covers the names below it", "egress_policy %q: deny %q refuses %s and every name below it (e.g. %s), which allow %q would otherwise let through (CONNECT, HTTP and DNS). A deny entry stands for whoever runs that name, and they run the names below it too.", name, d, d, below, a)
+			}
+		}
+	}
 }
 
 // at returns the source range of attribute name in body, or of the block
@@ -146,6 +164,9 @@ func (v *validator) build(files []*fileV1) *Config {
 	sort.Strings(names)
 	for _, n := range names {
 		v.policies[n] = v.resolvePolicy(n, &v.named[n].policy)
+		if rp := v.policies[n]; rp != nil {
+			cfg.Policies = append(cfg.Policies, rp.p)
+		}
 	}
 
 	seenAgent := map[string]hcl.Range{}
@@ -455,7 +476,7 @@ func (v *validator) secret(agent string, s *secretV1, rp *resolvedPolicy, envs m
 			v.errorf(hr, "Invalid host", "agent %q: secret %q: %v.", agent, s.Name, err)
 			continue
 		}
-		if policy.MatchAny(rp.p.Deny, h) != "" || policy.MatchAny(rp.p.Allow, h) == "" {
+		if policy.MatchDeny(rp.p.Deny, h) != "" || policy.MatchAny(rp.p.Allow, h) == "" {
 			v.errorf(hr, "Credential host not allowed", "agent %q: secret %q is bound to %s, which policy %q does not allow. Add it to allow, or remove it from the secret's hosts.", agent, s.Name, h, rp.p.Name)
 		} else if policy.MatchAny(rp.p.Inspect, h) == "" {
 			v.errorf(hr, "Credential host not inspected", "agent %q: secret %q is bound to %s, but policy %q does not inspect it; the gateway can only inject a credential into requests it has inspected. Add %q to inspect.", agent, s.Name, h, rp.p.Name, h)
@@ -472,16 +493,16 @@ func (v *validator) resolvePolicy(name string, p *policyV1) *resolvedPolicy {
 		Ports:   p.Ports,
 		Inspect: nonNil(p.Inspect),
 		RateLimit: policy.RateLimit{
-			PerSecond: DefaultRatePerSecond,
-			Burst:     DefaultRateBurst,
+			PerSecond: policy.DefaultRatePerSecond,
+			Burst:     policy.DefaultRateBurst,
 		},
 		Limits: policy.Limits{
-			MaxTunnels:         DefaultMaxTunnels,
-			MaxHeaderBytes:     DefaultMaxHeaderBytes,
-			MaxBodyBytes:       DefaultMaxBodyBytes,
-			IdleTimeoutSeconds: int(DefaultIdleTimeout / time.Second),
+			MaxTunnels:         policy.DefaultMaxTunnels,
+			MaxHeaderBytes:     policy.DefaultMaxHeaderBytes,
+			MaxBodyBytes:       policy.DefaultMaxBodyBytes,
+			IdleTimeoutSeconds: policy.DefaultIdleTimeoutSeconds,
 		},
-		DNS: policy.DNS{Enabled: true, DenyTypes: append([]string(nil), DefaultDNSDenyTypes...), MaxLabelLength: DefaultMaxLabelLength},
+		DNS: policy.DNS{Enabled: true, DenyTypes: append([]string(nil), policy.DefaultDNSDenyTypes...), MaxLabelLength: policy.DefaultMaxLabelLength},
 	}
 	if len(out.Ports) == 0 {
 		out.Ports = []int{DefaultPort}
@@ -511,6 +532,12 @@ func (v *validator) resolvePolicy(name string, p *policyV1) *resolvedPolicy {
 			v.errorf(at(p.Body, "deny"), "Conflicting host rules", "egress_policy %q: %q is in both allow and deny. Deny always wins; remove it from one list to say what you mean.", name, h)
 		}
 	}
+	v.denyBelowNotes(name, p.Body, out.Allow, out.Deny)
+	out.WebSocket = DefaultWebSocket
+	if p.WebSocket != nil {
+		out.WebSocket = *p.WebSocket
+	}
+	out.HTTPRules = v.httpRules(name, p.HTTPRules, out.Inspect)
 	for _, h := range out.Inspect {
 		// An inspect pattern must be covered by allow: "*.x" needs "*.x",
 		// an exact name needs a pattern matching it.
@@ -617,8 +644,8 @@ func (v *validator) inspectors(name string, p *policyV1, maxBody int64) []policy
 		policy.InspectRealValues:     {Name: policy.InspectRealValues, Action: policy.ActionBlock},
 		policy.InspectSecretPatterns: {Name: policy.InspectSecretPatterns, Action: policy.ActionBlock},
 		policy.InspectBodySize:       {Name: policy.InspectBodySize, Action: policy.ActionBlock, MaxBytes: maxBody},
-		policy.InspectEntropy:        {Name: policy.InspectEntropy, Action: policy.ActionFlag, Threshold: DefaultEntropy},
-		policy.InspectEncodedBlobs:   {Name: policy.InspectEncodedBlobs, Action: policy.ActionFlag, MinLength: DefaultBlobMinLength},
+		policy.InspectEntropy:        {Name: policy.InspectEntropy, Action: policy.ActionFlag, Threshold: policy.DefaultEntropyBits},
+		policy.InspectEncodedBlobs:   {Name: policy.InspectEncodedBlobs, Action: policy.ActionFlag, MinLength: policy.DefaultBlobMinLength},
 	}
 	seen := map[string]bool{}
 	for _, in := range p.Inspectors {
@@ -709,7 +736,7 @@ func isUID(s string) bool {
 }
 
 func (v *validator) store(s *storeV1) *Store {
-	out := &Store{Root: paths.DefaultStoreRoot, Channel: s.Channel, Keys: s.Keys, NixKeys: s.NixKeys, Threshold: 1, Generations: DefaultGenerations}
+	out := &Store{Root: paths.DefaultStoreRoot, Channel: s.Channel, Keys: s.Keys, NixKeys: s.NixKeys, Threshold: 1, Generations: DefaultGenerations, ExpiryWarning: DefaultExpiryWarning}
 	if s.Root != nil && v.checkAbsPath(at(s.Body, "root"), "store root", *s.Root) {
 		out.Root = *s.Root
 	}
@@ -739,6 +766,13 @@ func (v *validator) store(s *storeV1) *Store {
 			v.errorf(at(s.Body, "threshold"), "Invalid signature threshold", "store: threshold = %d with %d key(s); it must be between 1 and the number of keys.", *s.Threshold, len(s.Keys))
 		}
 	}
+	if s.ExpiryWarning != nil {
+		d, err := ParseDays(*s.ExpiryWarning)
+		if err != nil || d < 0 {
+			v.errorf(at(s.Body, "expiry_warning"), "Invalid expiry warning", "store: expiry_warning = %q; write days (\"7d\") or a duration (\"36h\"), or \"0\" to report only expired generations.", *s.ExpiryWarning)
+		}
+		out.ExpiryWarning = d
+	}
 	if s.Generations != nil {
 		out.Generations = *s.Generations
 		if *s.Generations < 2 {
@@ -746,6 +780,19 @@ func (v *validator) store(s *storeV1) *Store {
 		}
 	}
 	return out
+}
+
+// ParseDays parses a duration written as days ("7d") or as Go writes one
+// ("36h", "0").
+func ParseDays(s string) (time.Duration, error) {
+	if d, ok := strings.CutSuffix(s, "d"); ok {
+		n, err := strconv.Atoi(d)
+		if err != nil {
+			return 0, fmt.Errorf("duration %q: %w", s, err)
+		}
+		return time.Duration(n) * 24 * time.Hour, nil
+	}
+	return time.ParseDuration(s)
 }
 
 func nonNil(s []string) []string {

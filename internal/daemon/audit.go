@@ -66,15 +66,16 @@ func (t *auditTail) run(ctx context.Context) {
 	}
 }
 
-// record is the part of a gateway audit record caged reads.
-type record struct {
-	Decision string `json:"decision"`
-	Host     string `json:"host"`
-	Reason   string `json:"reason"`
-}
-
 func (t *auditTail) poll() {
+	var names []string
 	for _, a := range t.d.config().Agents {
+		names = append(names, a.Name)
+	}
+	for _, r := range t.d.runStatuses() {
+		names = append(names, r.Name)
+	}
+	for _, name := range names {
+		a := struct{ Name string }{name}
 		t.mu.Lock()
 		st := t.files[a.Name]
 		if st == nil {
@@ -85,7 +86,9 @@ func (t *auditTail) poll() {
 		t.mu.Unlock()
 		// A stat per agent and poll; the file is opened only when it grew
 		// (or shrank: rotated).
-		fi, err := os.Stat(t.d.qdirs.AuditFile(a.Name))
+		// Lstat: a link planted by the gateway is not followed, not even for
+		// its size (auditlog.Open refuses it when read).
+		fi, err := os.Lstat(t.d.qdirs.AuditFile(a.Name))
 		if err != nil || fi.Size() == offset {
 			continue
 		}
@@ -94,30 +97,32 @@ func (t *auditTail) poll() {
 			continue
 		}
 		var allowed, flagged, blocked uint64
-		var notable []struct {
-			rec  record
+		type notice struct {
+			rec  auditlog.Record
 			line string
 		}
+		var notable []notice
 		for _, l := range lines {
-			var r record
+			var r auditlog.Record
 			if json.Unmarshal([]byte(l), &r) != nil {
 				continue
 			}
+			n := r.Decisions()
+			if n == 0 {
+				continue // a tunnel's close record; its open record counted
+			}
 			switch r.Decision {
-			case "allowed":
-				allowed++
-			case "flagged":
-				flagged++
-			case "blocked":
-				blocked++
+			case auditlog.Allowed:
+				allowed += n
+			case auditlog.Flagged:
+				flagged += n
+			case auditlog.Blocked:
+				blocked += n
 			default:
 				continue
 			}
-			if r.Decision != "allowed" && len(notable) < maxSignalsPerPoll {
-				notable = append(notable, struct {
-					rec  record
-					line string
-				}{r, l})
+			if r.Decision != auditlog.Allowed && len(notable) < maxSignalsPerPoll {
+				notable = append(notable, notice{r, l})
 			}
 		}
 		t.mu.Lock()

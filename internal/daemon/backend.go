@@ -22,8 +22,19 @@ var _ bus.Backend = (*Daemon)(nil)
 // Accounts implements bus.Backend.
 func (d *Daemon) Accounts() []*config.Account { return d.config().Accounts }
 
-// HasAgent implements bus.Backend.
-func (d *Daemon) HasAgent(agent string) bool { return d.config().Agent(agent) != nil }
+// HasAgent implements bus.Backend: declared agents and running throw-away
+// cages (which may be stopped, killed and audited like agents).
+func (d *Daemon) HasAgent(agent string) bool {
+	return d.config().Agent(agent) != nil || d.runByName(agent) != nil
+}
+
+// refuseRun refuses what only makes sense for a declared agent.
+func (d *Daemon) refuseRun(agent, what string) error {
+	if d.runByName(agent) != nil {
+		return fmt.Errorf("%w: %s is a throw-away cage (cagectl run); it cannot be %s, only stopped or killed", bus.ErrInvalid, agent, what)
+	}
+	return nil
+}
 
 // Status answers from caged's cache of unit states (kept current by
 // systemd's PropertiesChanged signals and refreshed after every operation
@@ -38,6 +49,16 @@ func (d *Daemon) Status(ctx context.Context) (*bus.Status, error) {
 		Agents: make([]bus.AgentStatus, 0, len(cfg.Agents)),
 	}
 	d.mu.RUnlock()
+	fr := d.storeFreshness()
+	st.Freshness, st.FreshnessMessage = fr.State, fr.Message()
+	if !fr.Expires.IsZero() {
+		st.GenerationExpiresUnix = fr.Expires.Unix()
+	}
+	if d.srv != nil {
+		// Status runs every stateRefresh too, so the properties follow the
+		// clock, not only applies.
+		d.srv.SetFreshness(st.GenerationExpiresUnix, st.Freshness)
+	}
 	marks, err := quarantine.List(d.qdirs)
 	if err != nil {
 		return nil, err
@@ -45,6 +66,7 @@ func (d *Daemon) Status(ctx context.Context) (*bus.Status, error) {
 	for _, a := range cfg.Agents {
 		st.Agents = append(st.Agents, d.agentStatusWith(a, marks[a.Name]))
 	}
+	st.Agents = append(st.Agents, d.runStatuses()...)
 	return st, nil
 }
 
@@ -142,6 +164,9 @@ func (d *Daemon) refresh(ctx context.Context, agent string) {
 // Start starts an agent (its namespace, gateway sockets and prepare step
 // come with it through Requires=).
 func (d *Daemon) Start(ctx context.Context, agent, by string) error {
+	if err := d.refuseRun(agent, "started again"); err != nil {
+		return err
+	}
 	if err := d.refuseQuarantined(agent); err != nil {
 		return err
 	}
@@ -151,7 +176,11 @@ func (d *Daemon) Start(ctx context.Context, agent, by string) error {
 	_ = d.sd.ResetFailedUnitContext(ctx, unit)
 	d.log.Info("start agent", "agent", agent, "by", by)
 	err := d.units.Start(ctx, unit)
-	if err == nil {
+	if err != nil {
+		if a := d.config().Agent(agent); a != nil {
+			err = fmt.Errorf("%w%s", err, d.secretHint(ctx, a))
+		}
+	} else {
 		gen, _ := d.storeCurrent()
 		d.mu.Lock()
 		d.agentGen[agent] = gen
@@ -169,16 +198,25 @@ func (d *Daemon) Stop(ctx context.Context, agent, by string) error {
 	return err
 }
 
-// Restart restarts an agent.
+// Restart restarts an agent's whole cage: the prepare step re-runs (so a
+// changed secret source or placeholder is picked up), the gateway re-reads
+// its credentials, and the agent starts again (also if it was down).
 func (d *Daemon) Restart(ctx context.Context, agent, by string) error {
+	if err := d.refuseRun(agent, "restarted"); err != nil {
+		return err
+	}
 	if err := d.refuseQuarantined(agent); err != nil {
 		return err
 	}
 	d.log.Info("restart agent", "agent", agent, "by", by)
-	unit := paths.Instance(paths.AgentTemplate, agent)
-	_ = d.sd.ResetFailedUnitContext(ctx, unit)
-	err := d.units.Restart(ctx, unit)
-	if err == nil {
+	d.op.Lock()
+	err := d.restartCage(ctx, agent, true)
+	d.op.Unlock()
+	if err != nil {
+		if a := d.config().Agent(agent); a != nil {
+			err = fmt.Errorf("%w%s", err, d.secretHint(ctx, a))
+		}
+	} else {
 		gen, _ := d.storeCurrent()
 		d.mu.Lock()
 		d.agentGen[agent] = gen
@@ -201,10 +239,14 @@ func (d *Daemon) Kill(ctx context.Context, agent, by string) error {
 	return nil
 }
 
-// Quarantine takes the agent out of service and preserves evidence.
+// Quarantine takes the agent out of service and preserves evidence. It
+// takes no lock shared with other operations: the exclusive mark keeps two
+// quarantines of one agent apart, and a quarantine of another agent (or a
+// reconcile) never waits behind this one's evidence copy.
 func (d *Daemon) Quarantine(ctx context.Context, agent, reason, by string) (string, error) {
-	d.op.Lock()
-	defer d.op.Unlock()
+	if err := d.refuseRun(agent, "quarantined (stop or kill it; its audit stays)"); err != nil {
+		return "", err
+	}
 	a := d.config().Agent(agent)
 	if a == nil { // removed by a reload since the call was authorized
 		return "", fmt.Errorf("%w: %q", bus.ErrNoSuchAgent, agent)
@@ -212,6 +254,13 @@ func (d *Daemon) Quarantine(ctx context.Context, agent, reason, by string) (stri
 	snap, _ := d.Agent(ctx, agent)
 	res, err := quarantine.Run(ctx, d.units, d.qdirs, quarantine.Request{
 		Agent: agent, Reason: reason, By: by, Workspace: a.Workspace, Status: snap, Log: d.log,
+		Limits: d.o.Evidence,
+		Contained: func() {
+			d.log.Warn("agent contained: stopped, egress cut; copying evidence", "agent", agent)
+			if d.o.Contained != nil {
+				d.o.Contained(agent)
+			}
+		},
 	})
 	if errors.Is(err, quarantine.ErrAlreadyQuarantined) {
 		return "", fmt.Errorf("%w: %v", bus.ErrIsQuarantined, err)
@@ -287,6 +336,7 @@ func (d *Daemon) openStore(readOnly bool) (*store.Store, error) {
 	return store.Open(store.Options{
 		Root: d.qdirs.Host(sc.Root), Channel: sc.Channel, TrustedKeys: keys, NixPublicKeys: sc.NixKeys,
 		Threshold: sc.Threshold, Keep: sc.Generations, Logger: d.log, ReadOnly: readOnly,
+		ExpiryWarning: sc.ExpiryWarning,
 	})
 }
 
@@ -307,6 +357,19 @@ func (d *Daemon) storeCurrent() (uint64, string) {
 	return n, sc.Channel
 }
 
+// storeFreshness is the current generation's expiry state.
+func (d *Daemon) storeFreshness() store.Freshness {
+	s, err := d.openStore(true)
+	if err != nil {
+		return store.Freshness{State: store.FreshNone}
+	}
+	f, err := s.Freshness()
+	if err != nil {
+		d.log.Warn("store freshness", "err", err)
+	}
+	return f
+}
+
 // Apply verifies a release and makes it current. Running agents keep the
 // generation they started with until restarted; status shows which.
 func (d *Daemon) Apply(ctx context.Context, source, by string) (*bus.ApplyResult, error) {
@@ -323,14 +386,45 @@ func (d *Daemon) Apply(ctx context.Context, source, by string) (*bus.ApplyResult
 	d.log.Info("apply release", "source", source, "by", by)
 	res, err := s.Apply(ctx, src)
 	if err != nil {
-		d.log.Error("release refused", "source", source, "by", by, "err", err)
-		return nil, err
+		return nil, d.storeFailure("apply", source, by, err)
 	}
 	d.log.Warn("release applied", "generation", res.Generation, "previous", res.Previous, "top", res.Top, "by", by)
+	for _, w := range res.Warnings {
+		d.log.Warn("release applied with a problem after the switch", "generation", res.Generation, "by", by, "warning", w)
+	}
 	d.srv.Emit(bus.SignalReleaseApplied, res.Generation, res.Previous, by)
 	d.srv.SetManager(res.Generation, res.Channel, d.reconcileErrString())
+	warnings := res.Warnings
+	if warnings == nil {
+		warnings = []string{}
+	}
 	return &bus.ApplyResult{Generation: res.Generation, Previous: res.Previous, Channel: res.Channel, Top: res.Top,
-		Added: uint32(res.Added), Reused: uint32(res.Reused), Bytes: res.Bytes}, nil
+		Added: uint32(res.Added), Reused: uint32(res.Reused), Bytes: res.Bytes, Warnings: warnings}, nil
+}
+
+// ioFailure is a store error that the bus reports as bus.ErrIO, with the
+// store's own message.
+type ioFailure struct{ error }
+
+func (e ioFailure) Is(target error) bool { return target == bus.ErrIO }
+func (e ioFailure) Unwrap() error        { return e.error }
+
+// storeFailure logs a failed store operation for what it was (a release
+// refused by policy, or this machine's disk failing) and marks I/O
+// failures so the bus reports them as such.
+func (d *Daemon) storeFailure(op, source, by string, err error) error {
+	var ref *release.Refusal
+	var se *store.StorageError
+	switch {
+	case errors.As(err, &ref):
+		d.log.Error("release refused", "op", op, "source", source, "by", by, "err", err)
+	case errors.As(err, &se):
+		d.log.Error("store I/O failure; the previous generation is still current", "op", op, "source", source, "by", by, "err", err)
+		return ioFailure{err}
+	default:
+		d.log.Error("store operation failed", "op", op, "source", source, "by", by, "err", err)
+	}
+	return err
 }
 
 // Rollback switches the store to an older kept generation.
@@ -343,7 +437,7 @@ func (d *Daemon) Rollback(ctx context.Context, to uint64, by string) (uint64, ui
 	}
 	from, now, err := s.Rollback(ctx, to)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, d.storeFailure("rollback", "", by, err)
 	}
 	d.log.Warn("store rolled back", "from", from, "to", now, "by", by)
 	d.srv.Emit(bus.SignalReleaseApplied, now, from, by)

@@ -54,7 +54,13 @@ type Options struct {
 	Ready func()
 	// PollInterval is how often audit logs are read (default 1s).
 	PollInterval time.Duration
-	Log          *slog.Logger
+	// Evidence bounds each quarantine's workspace copy (zero fields: the
+	// quarantine package's defaults).
+	Evidence quarantine.Limits
+	// Contained, if set, is called when a quarantined agent is down and
+	// cut off, before its evidence is copied (tests order on it).
+	Contained func(agent string)
+	Log       *slog.Logger
 }
 
 // Run is caged's main: it parses args, serves until ctx ends, and returns
@@ -69,9 +75,16 @@ func Run(ctx context.Context, args []string, stdio Stdio) error {
 	fs.StringVar(&o.Systemd, "systemd-bus", "", "bus `ADDRESS` where systemd is reached (default: the system bus)")
 	fs.StringVar(&o.Root, "root", "", "prefix every host path with `DIR` (testing only)")
 	fs.StringVar(&o.BinDir, "bindir", "", "`DIR` holding cage-egress for rendered units (default: caged's own directory)")
+	fs.Int64Var(&o.Evidence.MaxBytes, "evidence-max-bytes", quarantine.DefaultMaxBytes, "copy at most `N` bytes of workspace file content per quarantine (holes count, they are hashed; what is cut is named in omitted.txt)")
+	fs.IntVar(&o.Evidence.MaxEntries, "evidence-max-entries", quarantine.DefaultMaxEntries, "look at most at `N` workspace entries per quarantine")
+	fs.DurationVar(&o.Evidence.MaxDuration, "evidence-max-duration", quarantine.DefaultMaxDuration, "stop a quarantine's workspace copy after `D`")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if o.Evidence.MaxBytes <= 0 || o.Evidence.MaxEntries <= 0 || o.Evidence.MaxDuration <= 0 {
+		return fmt.Errorf("--evidence-max-bytes, --evidence-max-entries and --evidence-max-duration must be positive (defaults %d, %d, %s)",
+			quarantine.DefaultMaxBytes, quarantine.DefaultMaxEntries, quarantine.DefaultMaxDuration)
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("caged takes no arguments (got %q); see caged -h", fs.Args())
@@ -111,6 +124,7 @@ type Daemon struct {
 	states         map[string]reconcile.State
 	audit          *auditTail
 	lastGeneration uint64
+	runs           map[string]*run // throw-away cages by name
 }
 
 // Serve runs caged with o until ctx ends.
@@ -185,6 +199,7 @@ func Serve(ctx context.Context, o Options) error {
 	// that hangs must not keep caged from serving. Jobs left running go on
 	// in systemd; the status reports the error.
 	rctx, rcancel := context.WithTimeout(ctx, startupReconcileTimeout)
+	d.cleanupOrphanRuns(rctx)
 	d.reconcile(rctx, "start")
 	rcancel()
 	gen, channel := d.storeCurrent()
@@ -292,8 +307,15 @@ func (d *Daemon) reconcileErrString() string {
 func (d *Daemon) reconcile(ctx context.Context, why string) error {
 	d.op.Lock()
 	defer d.op.Unlock()
-	cfg := d.config()
-	res, err := d.rec.Apply(ctx, cfg)
+	res, err := d.rec.Apply(ctx, d.config())
+	d.recordReconcile(ctx, res, err)
+	d.log.Debug("reconcile done", "why", why, "err", err)
+	return err
+}
+
+// recordReconcile keeps a reconcile's outcome for status and signals it.
+// The caller holds d.op.
+func (d *Daemon) recordReconcile(ctx context.Context, res *reconcile.Result, err error) {
 	gen, _ := d.storeCurrent()
 	d.mu.Lock()
 	d.reconciled = time.Now()
@@ -319,8 +341,6 @@ func (d *Daemon) reconcile(ctx context.Context, why string) error {
 	if rerr := d.refreshStates(ctx); rerr != nil {
 		d.log.Warn("read unit states", "err", rerr)
 	}
-	d.log.Debug("reconcile done", "why", why, "err", err)
-	return err
 }
 
 // publishAgents exports (and prunes) the agent objects from a fresh status.
@@ -354,6 +374,9 @@ func (d *Daemon) watchUnits(ctx context.Context, updates <-chan *sdbus.Propertie
 		case u := <-updates:
 			agent, ok := agentOfUnit(u.UnitName)
 			if !ok {
+				continue
+			}
+			if d.runUnitChanged(u.UnitName, changedState(u)) {
 				continue
 			}
 			a := d.config().Agent(agent)
@@ -408,6 +431,17 @@ func (d *Daemon) watchUnits(ctx context.Context, updates <-chan *sdbus.Propertie
 			}
 		}
 	}
+}
+
+func changedState(u *sdbus.PropertiesUpdate) reconcile.State {
+	str := func(k string) string {
+		if v, ok := u.Changed[k]; ok {
+			s, _ := v.Value().(string)
+			return s
+		}
+		return ""
+	}
+	return reconcile.State{Load: str("LoadState"), Active: str("ActiveState"), Sub: str("SubState")}
 }
 
 // refreshLoop re-reads every unit state now and then, bounding how stale

@@ -3,11 +3,13 @@ package daemon_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -87,7 +89,10 @@ func TestLifecycleKillAndEvents(t *testing.T) {
 	want := []string{
 		"ResetFailedUnit " + unit("beta"), "StartUnit " + unit("beta"),
 		"KillUnit " + unit("beta") + " all 9",
-		"ResetFailedUnit " + unit("beta"), "RestartUnit " + unit("beta"),
+		// A restart is the whole cage's: the prepare step re-runs (a rotated
+		// secret is picked up), then the agent is started.
+		"ResetFailedUnit " + paths.Instance(paths.PrepTemplate, "beta"), "ResetFailedUnit " + paths.Instance(paths.EgressTemplate, "beta"),
+		"ResetFailedUnit " + unit("beta"), "RestartUnit " + paths.Instance(paths.PrepTemplate, "beta"), "StartUnit " + unit("beta"),
 		"StopUnit " + unit("beta"),
 	}
 	if got := c.SD.Calls(); !slices.Equal(got, want) {
@@ -254,5 +259,107 @@ func TestApplyWithoutStoreIsAClearError(t *testing.T) {
 	_, err := c.Client().Apply(context.Background(), "/nonexistent")
 	if err == nil || !strings.Contains(err.Error(), "declare store") {
 		t.Fatalf("apply without a store block: %v", err)
+	}
+}
+
+// A quarantine never waits behind another agent's evidence copy: while
+// alpha's copy is held back, beta's quarantine stops beta and cuts its
+// egress, and returns. The order is asserted from the daemon's own
+// events and the fake systemd's unit states, not from timing.
+func TestQuarantinesDoNotWaitForEachOthersEvidence(t *testing.T) {
+	c := daemontest.Start(t, twoAgents)
+	cl := c.Client()
+	ctx := context.Background()
+	if err := cl.Start(ctx, "beta"); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu     sync.Mutex
+		events []string
+	)
+	note := func(s string) {
+		mu.Lock()
+		events = append(events, s)
+		mu.Unlock()
+	}
+	alphaContained, betaContained := make(chan struct{}), make(chan struct{})
+	c.Contained = func(agent string) {
+		a, _ := c.SD.State(unit(agent))
+		e, _ := c.SD.State(paths.Instance(paths.EgressTemplate, agent))
+		p, _ := c.SD.State(paths.Instance(paths.ProxySocketTpl, agent))
+		note(fmt.Sprintf("%s contained: agent %s, gateway %s, proxy socket %s", agent, a, e, p))
+		switch agent {
+		case "alpha":
+			close(alphaContained)
+			// Hold alpha's copy until beta is contained. Before the fix
+			// beta's quarantine waited on caged's operation lock, held
+			// across this copy, and this gives up.
+			select {
+			case <-betaContained:
+				note("alpha copies its evidence")
+			case <-time.After(30 * time.Second):
+				note("alpha gave up: beta was not contained while alpha's copy was pending")
+			}
+		case "beta":
+			close(betaContained)
+		}
+	}
+	alphaErr := make(chan error, 1)
+	go func() {
+		_, err := cl.Quarantine(ctx, "alpha", "first")
+		alphaErr <- err
+	}()
+	<-alphaContained
+	if _, err := c.Client().Quarantine(ctx, "beta", "second"); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-alphaErr; err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	want := []string{
+		"alpha contained: agent inactive, gateway inactive, proxy socket inactive",
+		"beta contained: agent inactive, gateway inactive, proxy socket inactive",
+		"alpha copies its evidence",
+	}
+	if !slices.Equal(events, want) {
+		t.Errorf("events:\n got %q\nwant %q", events, want)
+	}
+}
+
+// An events stream survives a caged restart: it follows the new owner of
+// the name (addressed signals are checked against it) and subscribes again,
+// so the new caged's audit signals still reach it.
+func TestEventsFollowACagedRestart(t *testing.T) {
+	c := daemontest.Start(t, twoAgents)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	events, err := c.Client().Events(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Restart()
+	cl := c.Client()
+	// The stream subscribes again when it sees the new owner; until caged
+	// has that, a kill's signal is not addressed to it. Kill until one is.
+	for {
+		if err := cl.Start(ctx, "beta"); err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.Kill(ctx, "beta"); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case e, ok := <-events:
+			if !ok {
+				t.Fatal("the events stream ended when caged restarted")
+			}
+			if e.Kind == bus.SignalAgentKilled && e.Agent == "beta" {
+				return
+			}
+		case <-ctx.Done():
+			t.Fatal("no audit signal from the restarted caged reached the stream")
+		}
 	}
 }

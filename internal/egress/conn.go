@@ -3,6 +3,8 @@ package egress
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"io"
 	"net"
 	"strconv"
 	"sync"
@@ -27,12 +29,64 @@ func (g *Gateway) ProxyListener(l net.Listener) net.Listener {
 	return &auditListener{Listener: l, g: g}
 }
 
+// Accept takes a slot for every connection (max_tunnels counts plain-HTTP
+// connections, CONNECT tunnels and HTTP/2 streams alike, so no path holds
+// gateway memory uncounted). A connection over the cap gets a 503 and is
+// closed, without ever reaching net/http.
 func (l *auditListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		release, n, limit, ok := l.g.acquire()
+		if !ok {
+			l.g.refuseConn(c, n, limit)
+			continue
+		}
+		return &auditConn{Conn: c, g: l.g, start: time.Now(), release: release}, nil
 	}
-	return &auditConn{Conn: c, g: l.g, start: time.Now()}, nil
+}
+
+// acquire takes one of the max_tunnels slots; release gives it back (once).
+// n is how many were held when a slot was refused.
+func (g *Gateway) acquire() (release func(), n int64, limit int, ok bool) {
+	limit = g.st.Load().maxTun
+	if n := g.held.Add(1); n > int64(limit) {
+		g.held.Add(-1)
+		return nil, n - 1, limit, false
+	}
+	var once sync.Once
+	return func() { once.Do(func() { g.held.Add(-1) }) }, 0, limit, true
+}
+
+// maxRefusers bounds the goroutines answering connections over the cap; a
+// flood beyond it is closed without an answer (still counted in the audit).
+const maxRefusers = 32
+
+var refuseBody = "nixcage egress: blocked: %d connections and streams open, limit %d (max_tunnels); close some or raise limits.max_tunnels\n"
+
+// refuseConn answers a connection over the cap with a 503 and an audit
+// record (budgeted: a connection flood is what the cap is for).
+func (g *Gateway) refuseConn(c net.Conn, n int64, limit int) {
+	reason := fmt.Sprintf("%d connections and streams open, limit %d", n, limit)
+	_ = g.opts.Audit.LogBudgeted(audit.ClassCap, audit.Record{Decision: audit.Blocked, Rule: "max-tunnels", Reason: reason})
+	if g.refusers.Add(1) > maxRefusers {
+		g.refusers.Add(-1)
+		c.Close()
+		return
+	}
+	go func() {
+		defer g.refusers.Add(-1)
+		defer c.Close()
+		body := fmt.Sprintf(refuseBody, n, limit)
+		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+		fmt.Fprintf(c, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nX-Nixcage-Egress: blocked\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		// Read what the client sent before closing, so the kernel does not
+		// answer it with a reset that discards the 503.
+		closeWrite(c)
+		_, _ = io.Copy(io.Discard, io.LimitReader(c, 64<<10))
+	}()
 }
 
 // auditConn tracks whether a handler ever saw a request on the connection.
@@ -43,6 +97,7 @@ type auditConn struct {
 	served  atomic.Bool // a handler ran: the policy code audits from here
 	read    atomic.Int64
 	logOnce sync.Once
+	release func() // gives back the connection's slot; idempotent
 }
 
 type connKey struct{}
@@ -68,6 +123,7 @@ func (c *auditConn) Close() error {
 	if !c.served.Load() && c.read.Load() > 0 {
 		c.audit("header-timeout", "connection closed after "+strconv.FormatInt(c.read.Load(), 10)+" bytes without a complete request header (slow client or header timeout)")
 	}
+	c.release()
 	return c.Conn.Close()
 }
 
@@ -85,12 +141,13 @@ func markServed(ctx context.Context) {
 	}
 }
 
-// rawConn unwraps an auditConn so tunnels splice between kernel sockets.
-func rawConn(c net.Conn) net.Conn {
+// rawConn unwraps an auditConn so tunnels splice between kernel sockets,
+// and hands over its slot: release must be called when the tunnel ends.
+func rawConn(c net.Conn) (raw net.Conn, release func()) {
 	if ac, ok := c.(*auditConn); ok {
-		return ac.Conn
+		return ac.Conn, ac.release
 	}
-	return c
+	return c, func() {}
 }
 
 func connContext(ctx context.Context, c net.Conn) context.Context {

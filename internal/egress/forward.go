@@ -1,7 +1,6 @@
 package egress
 
 import (
-	"bytes"
 	"encoding/base64"
 	"fmt"
 	"io"
@@ -24,7 +23,7 @@ import (
 // is replaced by it, so the upstream sees the host the policy decided on.
 func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, t *target, rec audit.Record, start time.Time) {
 	if !t.st.limiter.allow(t.host) {
-		g.refuse(w, rec, block(http.StatusTooManyRequests, "rate-limit", "rate limit for %s exceeded", t.host), start)
+		g.refuse(w, r, rec, block(http.StatusTooManyRequests, "rate-limit", "rate limit for %s exceeded", t.host), start)
 		return
 	}
 	g.forwardWith(w, r, t, rec, start, g.h1, "http")
@@ -41,45 +40,161 @@ func headerSize(r *http.Request) int {
 	return n
 }
 
-// forwardWith runs inspect -> inject -> forward -> redact -> audit.
+// forwardWith runs the pipeline for one request, one named stage each:
+// decide -> inspect (head, then the body as it streams) -> inject ->
+// forward -> redact -> audit.
 func (g *Gateway) forwardWith(w http.ResponseWriter, r *http.Request, t *target, rec audit.Record, start time.Time, tr http.RoundTripper, scheme string) {
 	st := t.st
 	rec.Inspectors = st.insp.Names()
-	if r.Method == http.MethodTrace {
-		g.refuse(w, rec, block(http.StatusMethodNotAllowed, "trace", "TRACE is not allowed (it reflects headers, including credentials)"), start)
-		return
-	}
-	for _, h := range chainingHeaders {
-		if r.Header.Get(h) != "" {
-			g.refuse(w, rec, block(http.StatusForbidden, "proxy-chaining", "header %s: proxy chaining is not allowed", h), start)
-			return
-		}
-	}
-	if n := headerSize(r); n > st.maxHeader {
-		g.refuse(w, rec, block(http.StatusRequestHeaderFieldsTooLarge, "max-header-bytes", "request header of %d bytes exceeds %d", n, st.maxHeader), start)
-		return
-	}
-	if r.ContentLength > st.maxBody {
+	if b := decideRequest(st, t, r); b != nil {
 		drain(r.Body)
-		g.refuse(w, rec, block(http.StatusRequestEntityTooLarge, "max-body-bytes", "request body of %d bytes exceeds %d", r.ContentLength, st.maxBody), start)
+		g.refuse(w, r, rec, b, start)
 		return
 	}
-	// Buffer the body (bounded) so inspectors see all of it before any byte
-	// leaves.
-	body, err := io.ReadAll(io.LimitReader(r.Body, st.maxBody+1))
-	if err != nil {
-		g.refuse(w, rec, block(http.StatusBadRequest, "body", "read request body: %v", err), start)
-		return
-	}
-	if int64(len(body)) > st.maxBody {
+	ws := isWebSocket(r)
+	ruleName, b := decideRules(st, t, r, ws)
+	if b != nil {
 		drain(r.Body)
-		g.refuse(w, rec, block(http.StatusRequestEntityTooLarge, "max-body-bytes", "request body exceeds %d bytes", st.maxBody), start)
+		g.refuse(w, r, rec, b, start)
 		return
+	}
+	if ruleName != "" {
+		rec.Rule = ruleName
 	}
 	for _, h := range hopHeaders {
 		r.Header.Del(h)
 	}
+	flags, b := inspectHead(st, t, r)
+	if b != nil {
+		drain(r.Body)
+		g.refuse(w, r, rec, b, start)
+		return
+	}
+	if ws {
+		g.websocket(w, r, t, rec, start, flags, scheme)
+		return
+	}
+	body, b := inspectBody(st, t, r)
+	if b != nil {
+		drain(r.Body)
+		g.refuse(w, r, rec, b, start)
+		return
+	}
+	defer body.close()
+	// Nothing goes upstream (headers included, and no key is injected)
+	// until the body has released its first inspected bytes or ended: a
+	// body that fits in the stream's hold-back is decided whole first.
+	if b := body.prime(); b != nil {
+		drain(r.Body)
+		g.refuse(w, r, rec, b, start)
+		return
+	}
+	rec.SecretsInjected = inject(st.secrets, r.Header, t)
+	resp, err := tr.RoundTrip(outbound(r, t, scheme, body))
+	// The body's verdict wins over whatever the upstream said: a request
+	// blocked mid-body never had its offending bytes sent, and the agent is
+	// told why.
+	if b := body.blocked(); b != nil {
+		if err == nil {
+			resp.Body.Close()
+		}
+		rec.BytesOut = body.sent()
+		g.refuse(w, r, rec, b, start)
+		return
+	}
+	if err != nil {
+		rec.BytesOut = body.sent()
+		g.upstreamError(w, r, rec, err, start)
+		return
+	}
+	defer resp.Body.Close()
+	flags = append(flags, body.flags()...)
+	n, res, err := g.respond(w, resp, t)
+	if b, ok := err.(*blockedErr); ok {
+		rec.BytesOut = body.sent()
+		g.refuse(w, r, rec, b, start)
+		return
+	}
+	for _, name := range sortedKeys(res.Near) {
+		flags = append(flags, fmt.Sprintf("%s: near-match of secret %s in the response (an agent guessing at a reflected value)", policy.InspectRealValues, name))
+	}
+	rec.SecretsRedacted = sortedKeys(res.Redacted)
+	rec.BytesOut, rec.BytesIn = body.sent(), n
+	g.auditDone(rec, start, fmt.Sprintf("%s %d", resp.Proto, resp.StatusCode), flags, err)
+}
+
+// auditDone writes the record of a request that was forwarded.
+func (g *Gateway) auditDone(rec audit.Record, start time.Time, reason string, flags []string, copyErr error) {
+	rec.DurationMS = time.Since(start).Milliseconds()
+	rec.Decision, rec.Reason = audit.Allowed, reason
+	if len(flags) > 0 {
+		rec.Decision, rec.Reason = audit.Flagged, strings.Join(flags, "; ")
+	}
+	if copyErr != nil {
+		rec.Reason += "; response copy: " + copyErr.Error()
+	}
+	g.logAudit(rec)
+}
+
+// upstreamError answers and audits a request the upstream did not answer.
+func (g *Gateway) upstreamError(w http.ResponseWriter, r *http.Request, rec audit.Record, err error, start time.Time) {
+	g.refuse(w, r, rec, block(http.StatusBadGateway, "upstream", "upstream: %v", err), start)
+}
+
+// decideRequest refuses what no policy may allow on any host: methods and
+// headers that break the one-hop model, and sizes over the limits.
+func decideRequest(st *state, t *target, r *http.Request) *blockedErr {
+	if r.Method == http.MethodTrace {
+		return block(http.StatusMethodNotAllowed, "trace", "TRACE is not allowed (it reflects headers, including credentials)")
+	}
+	for _, h := range chainingHeaders {
+		if r.Header.Get(h) != "" {
+			return block(http.StatusForbidden, "proxy-chaining", "header %s: proxy chaining is not allowed", h)
+		}
+	}
+	if n := headerSize(r); n > st.maxHeader {
+		return block(http.StatusRequestHeaderFieldsTooLarge, "max-header-bytes", "request header of %d bytes exceeds %d", n, st.maxHeader)
+	}
+	if r.ContentLength > st.maxBody {
+		return block(http.StatusRequestEntityTooLarge, "max-body-bytes", "request body of %d bytes exceeds %d", r.ContentLength, st.maxBody)
+	}
+	return nil
+}
+
+// decideRules applies the policy's http_rule blocks and websocket setting
+// (policy.DecideHTTP: deny wins, a host with allow rules needs a match). It
+// returns the rule that allowed the request, if one did.
+func decideRules(st *state, t *target, r *http.Request, ws bool) (string, *blockedErr) {
+	d := st.pol.DecideHTTP(t.host, r.Method, r.URL.EscapedPath(), r.URL.Path, ws)
+	if d.Result == policy.Deny {
+		return "", block(http.StatusForbidden, d.Rule, "%s", d.Reason)
+	}
+	return d.Rule, nil
+}
+
+// isWebSocket reports whether r is a WebSocket handshake (RFC 6455 §4.1).
+func isWebSocket(r *http.Request) bool {
+	return r.Method == http.MethodGet && headerHasToken(r.Header, "Connection", "upgrade") && headerHasToken(r.Header, "Upgrade", "websocket")
+}
+
+func headerHasToken(h http.Header, name, token string) bool {
+	for _, v := range h.Values(name) {
+		for _, t := range strings.Split(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(t), token) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// headParts is the request line and headers as inspectors see them.
+func headParts(r *http.Request) []inspect.Part {
 	parts := []inspect.Part{{Where: "url", Data: []byte(r.URL.RequestURI())}}
+	// A value percent-encoded in the URL is inspected decoded too.
+	if u, err := url.PathUnescape(r.URL.RequestURI()); err == nil && u != r.URL.RequestURI() {
+		parts = append(parts, inspect.Part{Where: "url (decoded)", Data: []byte(u)})
+	}
 	names := make([]string, 0, len(r.Header))
 	for k := range r.Header {
 		names = append(names, k)
@@ -97,94 +212,200 @@ func (g *Gateway) forwardWith(w http.ResponseWriter, r *http.Request, t *target,
 			parts = append(parts, inspect.Part{Where: "header " + k, Data: []byte(v)})
 		}
 	}
-	if len(body) > 0 {
-		parts = append(parts, inspect.Part{Where: "body", Data: body})
+	return parts
+}
+
+// inspectHead runs the inspectors over the URL and headers. Placeholders
+// going where their secret is not bound are refused first, so the audit
+// names the secret.
+func inspectHead(st *state, t *target, r *http.Request) ([]string, *blockedErr) {
+	findings, phs := st.insp.Inspect(headParts(r))
+	if b := checkPlaceholders(st.secrets, phs, "the request head", t); b != nil {
+		return nil, b
 	}
-	// Placeholders going where their secret is not bound: blocked before
-	// anything else, so the audit names the secret.
-	if b := checkPlaceholders(st.secrets, parts, t); b != nil {
-		g.refuse(w, rec, b, start)
-		return
-	}
-	findings := st.insp.Inspect(parts)
+	return verdict(findings)
+}
+
+// verdict turns findings into flags, or the first block.
+func verdict(findings []inspect.Finding) ([]string, *blockedErr) {
 	var flags []string
 	for _, f := range findings {
 		if f.Action == policy.ActionBlock {
-			g.refuse(w, rec, block(http.StatusForbidden, "inspector:"+f.Inspector, "%s", f.Reason), start)
-			return
+			return nil, block(http.StatusForbidden, "inspector:"+f.Inspector, "%s", f.Reason)
 		}
 		flags = append(flags, f.Inspector+": "+f.Reason)
 	}
-	injected := inject(st.secrets, r.Header, t)
-	rec.SecretsInjected = injected
+	return flags, nil
+}
 
+// outbound builds the upstream request. Toward a secret-bound host the
+// gateway asks for identity encoding: what comes back must be redacted,
+// and redaction works on bytes the agent can read (respond decodes
+// anything else that comes back anyway).
+func outbound(r *http.Request, t *target, scheme string, body *bodyStream) *http.Request {
 	out := &http.Request{
-		Method:        r.Method,
-		URL:           new(url.URL),
-		Header:        r.Header,
-		Host:          hostPortOmitDefault(t.host, t.port, scheme),
-		ContentLength: int64(len(body)),
-		Proto:         "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Method: r.Method,
+		URL:    new(url.URL),
+		Header: r.Header,
+		Host:   hostPortOmitDefault(t.host, t.port, scheme),
+		Proto:  "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
 	}
 	*out.URL = *r.URL
 	out.URL.Scheme, out.URL.Host = scheme, out.Host
-	if len(body) > 0 {
-		out.Body = io.NopCloser(bytes.NewReader(body))
+	if body != nil && !body.empty {
+		out.Body, out.ContentLength = body, body.length
 	}
-	out = out.WithContext(ctxWithDst(r.Context(), t))
-	resp, err := tr.RoundTrip(out)
-	if err != nil {
-		rec.Decision, rec.Reason, rec.Rule = audit.Blocked, "upstream: "+err.Error(), "upstream"
-		rec.BytesOut = int64(len(body))
-		rec.DurationMS = time.Since(start).Milliseconds()
-		g.logAudit(rec)
-		http.Error(w, "nixcage egress: upstream error", http.StatusBadGateway)
-		return
+	if t.st.bound(t.host) {
+		out.Header.Set("Accept-Encoding", "identity")
 	}
-	defer resp.Body.Close()
-	pairs := redactPairs(st.secrets)
-	redacted := map[string]bool{}
-	for _, h := range hopHeaders {
-		resp.Header.Del(h)
-	}
-	for k, vs := range resp.Header {
-		for i, v := range vs {
-			for _, p := range pairs {
-				if strings.Contains(v, string(p.from)) {
-					v = strings.ReplaceAll(v, string(p.from), string(p.to))
-					redacted[p.name] = true
-				}
-			}
-			resp.Header[k][i] = v
-		}
-		w.Header()[k] = resp.Header[k]
-	}
-	w.WriteHeader(resp.StatusCode)
-	var src io.Reader = resp.Body
-	var red *redactor
-	if len(pairs) > 0 {
-		red = newRedactor(resp.Body, pairs)
-		defer red.release()
-		src = red
-	}
-	n, copyErr := copyFlush(w, src)
-	if red != nil {
-		for k := range red.hits {
-			redacted[k] = true
-		}
-	}
-	rec.SecretsRedacted = sortedKeys(redacted)
-	rec.BytesOut, rec.BytesIn = int64(len(body)), n
-	rec.DurationMS = time.Since(start).Milliseconds()
-	rec.Decision, rec.Reason = audit.Allowed, fmt.Sprintf("%s %d", resp.Proto, resp.StatusCode)
-	if len(flags) > 0 {
-		rec.Decision, rec.Reason = audit.Flagged, strings.Join(flags, "; ")
-	}
-	if copyErr != nil {
-		rec.Reason += "; response copy: " + copyErr.Error()
-	}
-	g.logAudit(rec)
+	return out.WithContext(ctxWithDst(r.Context(), t))
 }
+
+// bodyStream is the request body on its way upstream: inspected as it
+// streams (inspect.Stream), in bounded memory, never buffered whole. A
+// blocking finding stops it; the transport then aborts the request, so the
+// upstream never receives the offending bytes.
+type bodyStream struct {
+	src    io.Reader
+	closer func()
+	st     *state
+	t      *target
+	ins    *inspect.Stream
+	empty  bool
+	length int64 // for the upstream request; -1 when decoded or unknown
+	buf    []byte
+	out    []byte
+
+	mu    sync.Mutex
+	block *blockedErr
+	n     int64 // bytes handed to the transport
+	eof   bool
+}
+
+// inspectBody sets up streaming inspection of the body; a request body
+// with a content-coding is decoded (and sent on decoded), since a coding
+// the gateway cannot read would hide what it carries.
+func inspectBody(st *state, t *target, r *http.Request) (*bodyStream, *blockedErr) {
+	b := &bodyStream{st: st, t: t, closer: func() {}, length: r.ContentLength}
+	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
+		b.empty = true
+		return b, nil
+	}
+	b.src = r.Body
+	if cs := codings(r.Header); len(cs) > 0 {
+		dec, closer, err := decodeBody(r.Body, cs)
+		if err != nil {
+			return nil, block(http.StatusUnsupportedMediaType, "content-encoding", "request body: %v", err)
+		}
+		b.src, b.closer, b.length = dec, closer, -1
+		r.Header.Del("Content-Encoding")
+	}
+	b.ins = st.insp.NewStream("body")
+	b.buf = make([]byte, 32<<10)
+	return b, nil
+}
+
+// prime reads until the stream releases bytes, ends or blocks.
+func (b *bodyStream) prime() *blockedErr {
+	if b.empty {
+		return nil
+	}
+	if err := b.pull(); err != nil {
+		if blk, ok := err.(*blockedErr); ok {
+			return blk
+		}
+		return block(http.StatusBadRequest, "body", "read request body: %v", err)
+	}
+	return nil
+}
+
+func (b *bodyStream) Read(p []byte) (int, error) {
+	if err := b.pull(); err != nil {
+		return 0, err
+	}
+	if len(b.out) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, b.out)
+	b.out = b.out[n:]
+	b.mu.Lock()
+	b.n += int64(n)
+	b.mu.Unlock()
+	return n, nil
+}
+
+// pull reads from the agent until bytes are released or the body ends.
+func (b *bodyStream) pull() error {
+	for len(b.out) == 0 {
+		if blk := b.blocked(); blk != nil {
+			return blk
+		}
+		if b.eof {
+			return nil
+		}
+		n, err := b.src.Read(b.buf)
+		if n > 0 {
+			b.out = b.ins.Write(b.buf[:n])
+		}
+		if err == io.EOF {
+			b.out = append(b.out, b.ins.Close()...)
+			b.eof = true
+		} else if err != nil {
+			return err
+		}
+		if blk := b.check(); blk != nil {
+			b.out = nil
+			return blk
+		}
+	}
+	return nil
+}
+
+// check turns the stream's state into a refusal: over max_body, a
+// placeholder where its secret is not bound, or a blocking finding.
+func (b *bodyStream) check() *blockedErr {
+	var blk *blockedErr
+	if n := b.ins.Len(); n > b.st.maxBody {
+		blk = block(http.StatusRequestEntityTooLarge, "max-body-bytes", "request body exceeds %d bytes", b.st.maxBody)
+	} else if pb := checkPlaceholders(b.st.secrets, b.ins.Placeholders(), "the body", b.t); pb != nil {
+		blk = pb
+	} else if _, vb := verdict(b.ins.Findings()); vb != nil {
+		blk = vb
+	}
+	if blk != nil {
+		b.mu.Lock()
+		if b.block == nil {
+			b.block = blk
+		}
+		b.mu.Unlock()
+	}
+	return blk
+}
+
+func (b *bodyStream) blocked() *blockedErr {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.block
+}
+
+func (b *bodyStream) sent() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.n
+}
+
+func (b *bodyStream) flags() []string {
+	if b.ins == nil {
+		return nil
+	}
+	f, _ := verdict(b.ins.Findings())
+	return f
+}
+
+func (b *bodyStream) close() { b.closer() }
+
+// Close is for the transport; the agent's body is closed by net/http.
+func (b *bodyStream) Close() error { return nil }
 
 func hostPortOmitDefault(host string, port int, scheme string) string {
 	if (scheme == "https" && port == 443) || (scheme == "http" && port == 80) {
@@ -215,20 +436,19 @@ func decodeBasic(v string) (string, bool) {
 	return string(b), true
 }
 
-// checkPlaceholders refuses a request carrying a placeholder that would not
-// be injected: to a host the secret is not bound to, or over plain HTTP.
-func checkPlaceholders(secs []*secrets.Secret, parts []inspect.Part, t *target) *blockedErr {
+// checkPlaceholders refuses a request carrying a placeholder (of the
+// secrets named in found) that would not be injected: to a host the secret
+// is not bound to, or over plain HTTP.
+func checkPlaceholders(secs []*secrets.Secret, found []string, where string, t *target) *blockedErr {
 	for _, s := range secs {
-		for _, p := range parts {
-			if !bytes.Contains(p.Data, s.PlaceholderBytes) {
-				continue
-			}
-			if policy.MatchAny(s.Hosts, t.host) == "" {
-				return block(http.StatusForbidden, "placeholder:"+s.Name, "placeholder of secret %s in %s sent to %s, which it is not bound to", s.Name, p.Where, t.host)
-			}
-			if !t.tls {
-				return block(http.StatusForbidden, "placeholder:"+s.Name, "placeholder of secret %s in %s over plain HTTP; credentials travel only over TLS", s.Name, p.Where)
-			}
+		if !slices.Contains(found, s.Name) {
+			continue
+		}
+		if policy.MatchAny(s.Hosts, t.host) == "" {
+			return block(http.StatusForbidden, "placeholder:"+s.Name, "placeholder of secret %s in %s sent to %s, which it is not bound to", s.Name, where, t.host)
+		}
+		if !t.tls {
+			return block(http.StatusForbidden, "placeholder:"+s.Name, "placeholder of secret %s in %s over plain HTTP; credentials travel only over TLS", s.Name, where)
 		}
 	}
 	return nil
@@ -270,46 +490,10 @@ func inject(secs []*secrets.Secret, h http.Header, t *target) []string {
 	return names
 }
 
-func redactPairs(secs []*secrets.Secret) []pair {
-	var ps []pair
-	for _, s := range secs {
-		ps = append(ps, pair{name: s.Name, from: []byte(s.Real), to: []byte(s.Placeholder)})
-	}
-	return ps
-}
-
 // drain reads and discards a bounded amount of a refused request body, so
 // a client still sending it reads the refusal instead of a connection reset.
 func drain(body io.Reader) {
-	_, _ = io.CopyN(io.Discard, body, 4<<20)
-}
-
-var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
-
-// copyFlush copies a response body to the agent, flushing after every chunk
-// so streamed responses (server-sent events from model APIs) arrive as the
-// upstream sends them rather than when a buffer fills.
-func copyFlush(w http.ResponseWriter, src io.Reader) (int64, error) {
-	rc := http.NewResponseController(w)
-	bp := copyBufs.Get().(*[]byte)
-	defer copyBufs.Put(bp)
-	buf := *bp
-	var total int64
-	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			m, werr := w.Write(buf[:n])
-			total += int64(m)
-			if werr != nil {
-				return total, werr
-			}
-			_ = rc.Flush()
-		}
-		if err == io.EOF {
-			return total, nil
-		}
-		if err != nil {
-			return total, err
-		}
+	if body != nil {
+		_, _ = io.CopyN(io.Discard, body, 4<<20)
 	}
 }

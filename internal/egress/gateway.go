@@ -35,18 +35,16 @@ import (
 	"github.com/nixcage/nixcage/internal/egress/ca"
 	"github.com/nixcage/nixcage/internal/egress/inspect"
 	"github.com/nixcage/nixcage/internal/egress/netguard"
+	"github.com/nixcage/nixcage/internal/egress/redact"
 	"github.com/nixcage/nixcage/internal/egress/secrets"
 	"github.com/nixcage/nixcage/internal/policy"
 )
 
-// Gateway defaults for limits a policy leaves at zero.
+// Limits a document leaves at zero take the model's defaults
+// (policy.Default*): one value per knob.
 const (
-	DefaultMaxTunnels     = 1024
-	DefaultMaxHeaderBytes = 64 << 10
-	DefaultMaxBodyBytes   = 32 << 20
-	DefaultIdleTimeout    = 5 * time.Minute
-	handshakeTimeout      = 15 * time.Second
-	dialTimeout           = 15 * time.Second
+	handshakeTimeout = 15 * time.Second
+	dialTimeout      = 15 * time.Second
 )
 
 // Resolver looks up addresses; *net.Resolver implements it.
@@ -60,6 +58,7 @@ type state struct {
 	pol       *policy.Policy
 	secrets   []*secrets.Secret
 	insp      *inspect.Set
+	redact    *redact.Matcher // every form of every real value
 	guard     *netguard.Guard
 	limiter   *limiter
 	intercept []string // inspect patterns plus every secret's hosts
@@ -83,14 +82,16 @@ type Options struct {
 
 // Gateway is one agent's egress gateway.
 type Gateway struct {
-	st      atomic.Pointer[state]
-	opts    Options
-	tunnels atomic.Int64
-	own     map[netip.Addr]bool
-	mu      sync.Mutex
-	listen  map[netip.AddrPort]bool
-	h1, h2  *http.Transport
-	log     *slog.Logger
+	st   atomic.Pointer[state]
+	opts Options
+	// held counts connections, tunnels and HTTP/2 streams (max_tunnels).
+	held     atomic.Int64
+	refusers atomic.Int64
+	own      map[netip.Addr]bool
+	mu       sync.Mutex
+	listen   map[netip.AddrPort]bool
+	h1, h2   *http.Transport
+	log      *slog.Logger
 }
 
 // New builds a gateway from a runtime document. Any inconsistency is an
@@ -106,6 +107,8 @@ func New(rt *policy.Runtime, opts Options) (*Gateway, error) {
 		opts.Log = slog.Default()
 	}
 	g := &Gateway{opts: opts, own: netguard.OwnAddrs(), listen: map[netip.AddrPort]bool{}, log: opts.Log}
+	opts.Audit.SetBudget(audit.ClassDNS, audit.DefaultBudget)
+	opts.Audit.SetBudget(audit.ClassCap, audit.DefaultBudget)
 	st, err := g.build(rt)
 	if err != nil {
 		return nil, err
@@ -124,15 +127,22 @@ func (g *Gateway) build(rt *policy.Runtime) (*state, error) {
 	if err != nil {
 		return nil, err
 	}
-	var real []inspect.Value
-	var placeholders []string
+	var forms []redact.Form
+	placeholders := map[string]string{}
 	intercept := append([]string{}, rt.Policy.Inspect...)
 	for _, s := range secs {
-		real = append(real, inspect.Value{Name: s.Name, Value: s.Real})
-		placeholders = append(placeholders, s.Placeholder)
+		fs, err := redact.Forms(s.Name, s.Real, s.Placeholder)
+		if err != nil {
+			return nil, fmt.Errorf("egress config: %w", err)
+		}
+		forms = append(forms, fs...)
+		placeholders[s.Name] = s.Placeholder
 		intercept = append(intercept, s.Hosts...)
 	}
-	insp, err := inspect.New(rt.Policy.Inspectors, real, placeholders)
+	// One list of forms for both directions: what the outbound check
+	// blocks is exactly what responses are redacted of.
+	matcher := redact.New(forms)
+	insp, err := inspect.New(rt.Policy.Inspectors, matcher, placeholders)
 	if err != nil {
 		return nil, fmt.Errorf("egress config: %w", err)
 	}
@@ -149,7 +159,7 @@ func (g *Gateway) build(rt *policy.Runtime) (*state, error) {
 		return nil, fmt.Errorf("egress config: limits must not be negative (0 means the default)")
 	}
 	st := &state{
-		rt: rt, pol: &rt.Policy, secrets: secs, insp: insp, intercept: intercept,
+		rt: rt, pol: &rt.Policy, secrets: secs, insp: insp, intercept: intercept, redact: matcher,
 		guard: &netguard.Guard{
 			UnsafeAllowLoopback: rt.Policy.UnsafeAllowLoopbackUpstreams,
 			UnsafeAllowPrivate:  rt.Policy.UnsafeAllowPrivateUpstreams,
@@ -157,10 +167,10 @@ func (g *Gateway) build(rt *policy.Runtime) (*state, error) {
 			Forbidden:           g.listenersSnapshot(),
 		},
 		limiter:   newLimiter(rt.Policy.RateLimit),
-		maxTun:    orDefault(lim.MaxTunnels, DefaultMaxTunnels),
-		maxHeader: orDefault(lim.MaxHeaderBytes, DefaultMaxHeaderBytes),
-		maxBody:   orDefault(lim.MaxBodyBytes, DefaultMaxBodyBytes),
-		idle:      time.Duration(orDefault(lim.IdleTimeoutSeconds, int(DefaultIdleTimeout/time.Second))) * time.Second,
+		maxTun:    orDefault(lim.MaxTunnels, policy.DefaultMaxTunnels),
+		maxHeader: orDefault(lim.MaxHeaderBytes, policy.DefaultMaxHeaderBytes),
+		maxBody:   orDefault(lim.MaxBodyBytes, policy.DefaultMaxBodyBytes),
+		idle:      time.Duration(orDefault(lim.IdleTimeoutSeconds, policy.DefaultIdleTimeoutSeconds)) * time.Second,
 	}
 	return st, nil
 }
@@ -236,6 +246,17 @@ func (g *Gateway) listenersSnapshot() map[netip.AddrPort]bool {
 		m[k] = true
 	}
 	return m
+}
+
+// bound reports whether some secret is bound to host: its real value may be
+// injected there, so everything coming back is decoded and redacted.
+func (st *state) bound(host string) bool {
+	for _, s := range st.secrets {
+		if policy.MatchAny(s.Hosts, host) != "" {
+			return true
+		}
+	}
+	return false
 }
 
 // intercepts reports whether host is TLS-intercepted under st.

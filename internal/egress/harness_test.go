@@ -139,9 +139,43 @@ func (u *upstream) lastSeen() *seen {
 }
 
 func (u *upstream) handler(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/ws" {
+		u.websocket(w, r)
+		return
+	}
+	if strings.HasPrefix(r.URL.Path, "/echo/") {
+		u.echo(w, r)
+		return
+	}
+	switch r.URL.Path {
+	case "/sink": // counts a request body without holding it
+		n, _ := io.Copy(io.Discard, r.Body)
+		fmt.Fprintf(w, "%d\n", n)
+		return
+	case "/stream": // n bytes of text, written 32 KiB at a time
+		n, _ := strconv.Atoi(r.URL.Query().Get("n"))
+		chunk := []byte(strings.Repeat("0123456789abcdef ", 2048)[:32<<10])
+		for n > 0 {
+			k := min(n, len(chunk))
+			w.Write(chunk[:k])
+			n -= k
+		}
+		return
+	case "/reflect": // X-Reflect back, the first write ending right after it
+		w.Header().Set("Content-Type", "text/plain")
+		fmt.Fprintf(w, "%sreflected: %s", r.Header.Get("X-Pad"), r.Header.Get("X-Reflect"))
+		http.NewResponseController(w).Flush()
+		time.Sleep(100 * time.Millisecond) // so the gateway reads the two writes apart
+		fmt.Fprint(w, "\nend of response\n")
+		return
+	}
 	if r.URL.Path == "/sse" {
 		w.Header().Set("Content-Type", "text/event-stream")
 		fmt.Fprintf(w, "data: one %s\n\n", r.Header.Get("X-Api-Key"))
+		// A keep-alive comment, as model APIs send between events: the
+		// gateway holds back a fixed window of bytes (redact.Reader), so
+		// an event reaches the agent once that much more has arrived.
+		fmt.Fprintf(w, ":%s\n\n", strings.Repeat(" ", 1024))
 		http.NewResponseController(w).Flush()
 		select {
 		case <-u.release:
@@ -273,6 +307,8 @@ func testRuntime(dir string, u *upstream) *policy.Runtime {
 			Deny:    []string{"denied.example.com"},
 			Ports:   []int{u.tlsPort, u.httpPort},
 			Inspect: []string{"api.example.com", "other.example.com"},
+			// The config model's default (config.DefaultWebSocket).
+			WebSocket: true,
 			Inspectors: []policy.Inspector{
 				{Name: policy.InspectRealValues, Action: policy.ActionBlock},
 				{Name: policy.InspectSecretPatterns, Action: policy.ActionBlock},
@@ -504,6 +540,12 @@ func is(method, host string, port int) func(audit.Record) bool {
 	return func(r audit.Record) bool {
 		return r.Method == method && r.Host == host && (port == 0 || r.Port == port)
 	}
+}
+
+// closed matches a tunnel's close record (its open record came first).
+func closed(method, host string, port int) func(audit.Record) bool {
+	m := is(method, host, port)
+	return func(r audit.Record) bool { return m(r) && r.Event == audit.EventClose }
 }
 
 // connect opens a raw CONNECT tunnel and returns the connection after 200,

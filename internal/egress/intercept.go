@@ -86,18 +86,29 @@ func (g *Gateway) intercept(raw net.Conn, pre []byte, t *target, rec audit.Recor
 		}
 		return
 	}
+	g.logOpen(rec, t, "intercepted tunnel to "+t.host+" opened", start)
+	rec.Event = audit.EventClose
 	h2 := tc.ConnectionState().NegotiatedProtocol == "h2"
 	l := &oneConnListener{conn: tc, done: make(chan struct{})}
 	var closeOnce sync.Once
+	// A hijacked connection (a WebSocket relay) is done when its handler
+	// returns, not when net/http lets go of it.
+	var hijacked atomic.Bool
 	srv := &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			g.serveInner(w, r, t, h2)
+			if hijacked.Load() {
+				closeOnce.Do(func() { close(l.done) })
+			}
 		}),
-		ReadHeaderTimeout: 30 * time.Second,
+		ReadHeaderTimeout: headerTimeout,
 		IdleTimeout:       t.st.idle,
 		MaxHeaderBytes:    t.st.maxHeader + 4096,
 		ConnState: func(_ net.Conn, s http.ConnState) {
-			if s == http.StateClosed || s == http.StateHijacked {
+			switch s {
+			case http.StateHijacked:
+				hijacked.Store(true)
+			case http.StateClosed:
 				closeOnce.Do(func() { close(l.done) })
 			}
 		},
@@ -106,6 +117,7 @@ func (g *Gateway) intercept(raw net.Conn, pre []byte, t *target, rec audit.Recor
 	p.SetHTTP1(true)
 	p.SetHTTP2(true)
 	srv.Protocols = &p
+	srv.HTTP2 = h2Limits
 	if err := srv.Serve(l); err != nil && !errors.Is(err, net.ErrClosed) {
 		g.log.Debug("intercepted connection ended", "host", t.host, "err", err)
 	}
@@ -117,16 +129,16 @@ func (g *Gateway) serveInner(w http.ResponseWriter, r *http.Request, t *target, 
 	start := time.Now()
 	rec := audit.Record{Method: r.Method, Host: t.host, Port: t.port, Path: r.URL.Path, Rule: t.rule}
 	if r.Method == http.MethodConnect {
-		g.refuse(w, rec, block(http.StatusForbidden, "connect-in-connect", "CONNECT inside a tunnel is not allowed"), start)
+		g.refuse(w, r, rec, block(http.StatusForbidden, "connect-in-connect", "CONNECT inside a tunnel is not allowed"), start)
 		return
 	}
 	if r.RequestURI != "*" && len(r.RequestURI) > 0 && r.RequestURI[0] != '/' && !h2 {
-		g.refuse(w, rec, block(http.StatusForbidden, "proxy-chaining", "absolute-form request inside a tunnel (proxy chaining) is not allowed"), start)
+		g.refuse(w, r, rec, block(http.StatusForbidden, "proxy-chaining", "absolute-form request inside a tunnel (proxy chaining) is not allowed"), start)
 		return
 	}
 	host, port, err := splitAuthority(r.Host, t.port)
 	if err != nil || host != t.host || port != t.port {
-		g.refuse(w, rec, block(http.StatusMisdirectedRequest, "host-mismatch", "Host %q does not match CONNECT authority %s (domain fronting)", r.Host, hostPort(t.host, t.port)), start)
+		g.refuse(w, r, rec, block(http.StatusMisdirectedRequest, "host-mismatch", "Host %q does not match CONNECT authority %s (domain fronting)", r.Host, hostPort(t.host, t.port)), start)
 		return
 	}
 	// Re-read the state: a reload between requests in a long tunnel applies
@@ -135,7 +147,7 @@ func (g *Gateway) serveInner(w http.ResponseWriter, r *http.Request, t *target, 
 	if st != t.st {
 		dec := st.pol.Decide(t.host, t.port, http.MethodConnect)
 		if dec.Result != policy.Allow {
-			g.refuse(w, rec, block(http.StatusForbidden, dec.Rule, "%s", dec.Reason), start)
+			g.refuse(w, r, rec, block(http.StatusForbidden, dec.Rule, "%s", dec.Reason), start)
 			return
 		}
 		nt := *t
@@ -144,9 +156,22 @@ func (g *Gateway) serveInner(w http.ResponseWriter, r *http.Request, t *target, 
 		rec.Rule = t.rule
 	}
 	if !t.st.limiter.allow(t.host) {
-		g.refuse(w, rec, block(http.StatusTooManyRequests, "rate-limit", "rate limit for %s exceeded", t.host), start)
+		g.refuse(w, r, rec, block(http.StatusTooManyRequests, "rate-limit", "rate limit for %s exceeded", t.host), start)
 		return
 	}
+	if h2 {
+		// Each HTTP/2 stream holds gateway memory like a connection does,
+		// so it takes a slot of its own (the tunnel holds one already).
+		release, n, limit, ok := g.acquire()
+		if !ok {
+			b := block(http.StatusServiceUnavailable, "max-tunnels", "%d connections and streams open, limit %d", n, limit)
+			b.keepConn = true
+			g.refuse(w, r, rec, b, start)
+			return
+		}
+		defer release()
+	}
+	g.limitBody(w, r, t.st)
 	tr := g.h1
 	if h2 {
 		tr = g.h2

@@ -1,8 +1,10 @@
 package egress
 
 import (
-	"bytes"
+	"errors"
 	"io"
+	"net/http"
+	"os"
 	"sync"
 	"time"
 
@@ -55,107 +57,72 @@ func (l *limiter) allow(host string) bool {
 	return true
 }
 
-// pair is one replacement the redactor makes.
-type pair struct {
-	name     string
-	from, to []byte
+// Read timeouts against slow clients (slowloris). A request header must be
+// complete within headerTimeout (the servers' ReadHeaderTimeout); a request
+// body must make progress, some byte within bodyIdleTimeout of the last,
+// and be complete within bodyTimeout (both shortened to the policy's idle
+// timeout when that is shorter). Each stalled request still holds a
+// slot (max_tunnels) until then, so the cap bounds how many can stall.
+const (
+	headerTimeout   = 30 * time.Second
+	bodyIdleTimeout = 30 * time.Second
+	bodyTimeout     = 10 * time.Minute
+)
+
+// h2Limits bound what one intercepted HTTP/2 connection can make the
+// gateway hold: 32 concurrent streams (not net/http's 250; each also takes a
+// max_tunnels slot), 64 KiB frames, and flow-control windows the agent must
+// wait on instead of gateway memory.
+var h2Limits = &http.HTTP2Config{
+	MaxConcurrentStreams:          32,
+	MaxReadFrameSize:              64 << 10,
+	MaxReceiveBufferPerConnection: 1 << 20,
+	MaxReceiveBufferPerStream:     256 << 10,
+	MaxDecoderHeaderTableSize:     4 << 10,
 }
 
-// redactor streams src, replacing every from with its to. It holds back
-// len(longest from)-1 bytes so a value split across reads is still found.
-// Invariant: len(from) == len(to) (placeholders have the real length), so
-// Content-Length stays right.
-type redactor struct {
-	src     io.Reader
-	pairs   []pair
-	keep    int
-	pending []byte
-	out     []byte
-	eof     bool
-	hits    map[string]bool
-	n       int64
-	buf     *[]byte // from copyBufs; returned by release
+// errBodyStalled ends a request body the agent sends too slowly.
+type errBodyStalled struct{ what string }
+
+func (e errBodyStalled) Error() string {
+	return "request body " + e.what + " (body read timeout)"
 }
 
-// release returns the read buffer to the pool; r must not be read after.
-func (r *redactor) release() {
-	if r.buf != nil {
-		copyBufs.Put(r.buf)
-		r.buf = nil
+// deadlineBody sets the connection's (or HTTP/2 stream's) read deadline
+// before each read of the request body, and clears it at the end so a
+// long response on the same request is not cut off.
+type deadlineBody struct {
+	io.ReadCloser
+	rc       *http.ResponseController
+	idle     time.Duration
+	deadline time.Time
+}
+
+// limitBody puts r's body under the body read timeouts.
+func (g *Gateway) limitBody(w http.ResponseWriter, r *http.Request, st *state) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return
 	}
+	r.Body = &deadlineBody{ReadCloser: r.Body, rc: http.NewResponseController(w), idle: min(bodyIdleTimeout, st.idle), deadline: time.Now().Add(min(bodyTimeout, st.idle))}
 }
 
-func newRedactor(src io.Reader, pairs []pair) *redactor {
-	keep := 0
-	for _, p := range pairs {
-		keep = max(keep, len(p.from)-1)
+func (b *deadlineBody) Read(p []byte) (int, error) {
+	d := time.Now().Add(b.idle)
+	if b.deadline.Before(d) {
+		d = b.deadline
 	}
-	return &redactor{src: src, pairs: pairs, keep: keep, hits: map[string]bool{}}
-}
-
-func (r *redactor) Read(p []byte) (int, error) {
-	for len(r.out) == 0 {
-		if r.eof {
-			if len(r.pending) > 0 {
-				r.process(len(r.pending))
-				continue
-			}
-			return 0, io.EOF
+	_ = b.rc.SetReadDeadline(d)
+	n, err := b.ReadCloser.Read(p)
+	switch {
+	case err == nil:
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		what := "stalled"
+		if !time.Now().Before(b.deadline) {
+			what = "took too long"
 		}
-		if r.buf == nil {
-			r.buf = copyBufs.Get().(*[]byte)
-		}
-		n, err := r.src.Read(*r.buf)
-		r.pending = append(r.pending, (*r.buf)[:n]...)
-		if err == io.EOF {
-			r.eof = true
-		} else if err != nil {
-			return 0, err
-		}
-		if safe := r.safe(); safe > 0 {
-			r.process(safe)
-		}
+		return n, errBodyStalled{what}
+	default:
+		_ = b.rc.SetReadDeadline(time.Time{})
 	}
-	n := copy(p, r.out)
-	r.out = r.out[n:]
-	r.n += int64(n)
-	return n, nil
-}
-
-// safe is how much of pending may be emitted now: everything except a tail
-// that could be the start of a value. Holding back only real prefixes (not a
-// fixed window) keeps streamed responses (SSE) flowing event by event.
-func (r *redactor) safe() int {
-	for i := max(0, len(r.pending)-r.keep); i < len(r.pending); i++ {
-		for _, p := range r.pairs {
-			if bytes.HasPrefix(p.from, r.pending[i:]) {
-				return i
-			}
-		}
-	}
-	return len(r.pending)
-}
-
-// process emits pending up to boundary; a match starting before boundary is
-// complete in pending because no from is longer than keep+1.
-func (r *redactor) process(boundary int) {
-	i := 0
-	for i < boundary {
-		best, bi := -1, -1
-		for k, p := range r.pairs {
-			if j := bytes.Index(r.pending[i:], p.from); j >= 0 && (best < 0 || j < best) {
-				best, bi = j, k
-			}
-		}
-		if best < 0 || i+best >= boundary {
-			r.out = append(r.out, r.pending[i:boundary]...)
-			i = boundary
-			break
-		}
-		r.out = append(r.out, r.pending[i:i+best]...)
-		r.out = append(r.out, r.pairs[bi].to...)
-		r.hits[r.pairs[bi].name] = true
-		i += best + len(r.pairs[bi].from)
-	}
-	r.pending = append(r.pending[:0], r.pending[i:]...)
+	return n, err
 }

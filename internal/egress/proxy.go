@@ -27,7 +27,7 @@ func (g *Gateway) NewProxyServer() *http.Server {
 	st := g.st.Load()
 	return &http.Server{
 		Handler:           g.Handler(),
-		ReadHeaderTimeout: min(30*time.Second, st.idle),
+		ReadHeaderTimeout: min(headerTimeout, st.idle),
 		IdleTimeout:       st.idle,
 		// The handler enforces the policy limit with an audit record; this
 		// is the hard cap for headers too large to even parse.
@@ -48,24 +48,15 @@ type blockedErr struct {
 	status int
 	reason string
 	rule   string
+	// keepConn: refuse one request (an HTTP/2 stream) without closing the
+	// connection the agent's other requests share.
+	keepConn bool
 }
 
 func (b *blockedErr) Error() string { return b.reason }
 
 func block(status int, rule, format string, args ...any) *blockedErr {
 	return &blockedErr{status: status, reason: fmt.Sprintf(format, args...), rule: rule}
-}
-
-// refuse writes a refusal the agent can read and audits it.
-func (g *Gateway) refuse(w http.ResponseWriter, rec audit.Record, b *blockedErr, start time.Time) {
-	rec.Decision, rec.Reason, rec.Rule = audit.Blocked, b.reason, b.rule
-	rec.DurationMS = time.Since(start).Milliseconds()
-	g.logAudit(rec)
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	w.Header().Set("X-Nixcage-Egress", "blocked")
-	w.Header().Set("Connection", "close")
-	w.WriteHeader(b.status)
-	fmt.Fprintf(w, "nixcage egress: blocked: %s\n", b.reason)
 }
 
 func (g *Gateway) logAudit(rec audit.Record) {
@@ -85,32 +76,33 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	rec := audit.Record{Method: r.Method, Path: r.URL.Path}
 	if !r.URL.IsAbs() {
 		rec.Host = r.Host
-		g.refuse(w, rec, block(http.StatusBadRequest, "not-a-proxy-request", "this is a forward proxy: send absolute-form requests (http://host/...) or CONNECT"), start)
+		g.refuse(w, r, rec, block(http.StatusBadRequest, "not-a-proxy-request", "this is a forward proxy: send absolute-form requests (http://host/...) or CONNECT"), start)
 		return
 	}
 	if r.URL.Scheme != "http" {
 		rec.Host = r.URL.Hostname()
-		g.refuse(w, rec, block(http.StatusBadRequest, "scheme", "scheme %q: use CONNECT for https", r.URL.Scheme), start)
+		g.refuse(w, r, rec, block(http.StatusBadRequest, "scheme", "scheme %q: use CONNECT for https", r.URL.Scheme), start)
 		return
 	}
 	host, port, err := splitAuthority(r.URL.Host, policy.DefaultHTTPPort)
 	rec.Host, rec.Port = host, port
 	if err != nil {
-		g.refuse(w, rec, block(http.StatusBadRequest, "authority", "%v", err), start)
+		g.refuse(w, r, rec, block(http.StatusBadRequest, "authority", "%v", err), start)
 		return
 	}
 	dec := st.pol.Decide(host, port, r.Method)
 	if dec.Result != policy.Allow {
-		g.refuse(w, rec, block(http.StatusForbidden, dec.Rule, "%s", dec.Reason), start)
+		g.refuse(w, r, rec, block(http.StatusForbidden, dec.Rule, "%s", dec.Reason), start)
 		return
 	}
 	rec.Rule = dec.Rule
 	dst, err := g.resolve(r.Context(), st, host, port)
 	if err != nil {
-		g.refuse(w, rec, resolveBlock(err), start)
+		g.refuse(w, r, rec, resolveBlock(err), start)
 		return
 	}
 	t := &target{st: st, host: host, port: port, dst: dst, rule: dec.Rule}
+	g.limitBody(w, r, t.st)
 	g.forward(w, r, t, rec, start)
 }
 
@@ -147,53 +139,43 @@ func (g *Gateway) handleConnect(w http.ResponseWriter, r *http.Request, st *stat
 	host, port, err := splitAuthority(r.Host, 0)
 	rec.Host, rec.Port = host, port
 	if err != nil {
-		g.refuse(w, rec, block(http.StatusBadRequest, "authority", "CONNECT %v", err), start)
+		g.refuse(w, r, rec, block(http.StatusBadRequest, "authority", "CONNECT %v", err), start)
 		return
 	}
 	for _, h := range chainingHeaders {
 		if r.Header.Get(h) != "" {
-			g.refuse(w, rec, block(http.StatusForbidden, "proxy-chaining", "header %s: proxy chaining is not allowed", h), start)
+			g.refuse(w, r, rec, block(http.StatusForbidden, "proxy-chaining", "header %s: proxy chaining is not allowed", h), start)
 			return
 		}
 	}
 	dec := st.pol.Decide(host, port, http.MethodConnect)
 	if dec.Result != policy.Allow {
-		g.refuse(w, rec, block(http.StatusForbidden, dec.Rule, "%s", dec.Reason), start)
+		g.refuse(w, r, rec, block(http.StatusForbidden, dec.Rule, "%s", dec.Reason), start)
 		return
 	}
 	rec.Rule = dec.Rule
 	if !st.limiter.allow(host) {
-		g.refuse(w, rec, block(http.StatusTooManyRequests, "rate-limit", "rate limit for %s exceeded", host), start)
+		g.refuse(w, r, rec, block(http.StatusTooManyRequests, "rate-limit", "rate limit for %s exceeded", host), start)
 		return
 	}
-	if n := g.tunnels.Add(1); n > int64(st.maxTun) {
-		g.tunnels.Add(-1)
-		g.refuse(w, rec, block(http.StatusServiceUnavailable, "max-tunnels", "%d tunnels open, limit %d", n-1, st.maxTun), start)
-		return
-	}
-	// The slot is released when the tunnel ends, on whichever goroutine
-	// that is.
-	handedOff := false
-	defer func() {
-		if !handedOff {
-			g.tunnels.Add(-1)
-		}
-	}()
+	// The connection's slot (taken at accept) is the tunnel's: it is
+	// released when the tunnel ends, on whichever goroutine that is.
 	dst, err := g.resolve(r.Context(), st, host, port)
 	if err != nil {
-		g.refuse(w, rec, resolveBlock(err), start)
+		g.refuse(w, r, rec, resolveBlock(err), start)
 		return
 	}
 	rc := http.NewResponseController(w)
 	hc, brw, err := rc.Hijack()
 	if err != nil {
-		g.refuse(w, rec, block(http.StatusInternalServerError, "hijack", "cannot take over connection: %v", err), start)
+		g.refuse(w, r, rec, block(http.StatusInternalServerError, "hijack", "cannot take over connection: %v", err), start)
 		return
 	}
-	conn := rawConn(hc)
+	conn, release := rawConn(hc)
 	_ = conn.SetDeadline(time.Time{})
 	if _, err := io.WriteString(conn, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 		conn.Close()
+		release()
 		return
 	}
 	var pre []byte
@@ -205,9 +187,8 @@ func (g *Gateway) handleConnect(w http.ResponseWriter, r *http.Request, st *stat
 	// Run the tunnel on a fresh goroutine and let the HTTP server's
 	// connection goroutine end: it would otherwise pin the request, its
 	// buffers and a grown stack for the tunnel's whole life.
-	handedOff = true
 	go func() {
-		defer g.tunnels.Add(-1)
+		defer release()
 		defer conn.Close()
 		if st.intercepts(host) {
 			g.intercept(conn, pre, t, rec, start)

@@ -529,7 +529,7 @@ func TestThreatFloods(t *testing.T) {
 		if _, err := tc.Read(make([]byte, 1)); err == nil || os.IsTimeout(err) {
 			t.Fatalf("idle tunnel not closed: %v", err)
 		}
-		r := h2.want(t, is("CONNECT", "plain.example.com", h2.up.tlsPort), audit.Allowed, "")
+		r := h2.want(t, closed("CONNECT", "plain.example.com", h2.up.tlsPort), audit.Allowed, "")
 		if !strings.Contains(r.Reason, "idle timeout") {
 			t.Fatalf("reason %q", r.Reason)
 		}

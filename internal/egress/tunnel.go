@@ -82,6 +82,10 @@ func (g *Gateway) tunnel(conn net.Conn, pre []byte, t *target, rec audit.Record,
 		done(audit.Blocked, "dial", "write upstream: "+err.Error(), 0, 0)
 		return
 	}
+	// From here the tunnel carries bytes: the open record is written
+	// first, so a gateway killed mid-tunnel still leaves it.
+	g.logOpen(rec, t, "tunnel to "+t.host+" opened", start)
+	rec.Event = audit.EventClose
 	out, in, err := splice(conn, up, t.st.idle)
 	reason := "tunnel to " + t.host + " closed"
 	if errors.Is(err, errIdle) {
@@ -91,6 +95,14 @@ func (g *Gateway) tunnel(conn net.Conn, pre []byte, t *target, rec audit.Record,
 }
 
 var errIdle = errors.New("idle timeout")
+
+// logOpen writes the open record of an allowed tunnel (intercepted or
+// not); its close record follows with bytes and duration.
+func (g *Gateway) logOpen(rec audit.Record, t *target, reason string, start time.Time) {
+	rec.Event, rec.Decision, rec.Rule, rec.Reason = audit.EventOpen, audit.Allowed, t.rule, reason
+	rec.DurationMS = time.Since(start).Milliseconds()
+	g.logAudit(rec)
+}
 
 // splice copies both ways until both sides are done or the tunnel has been
 // idle (no byte in either direction) for idle. It copies in chunks with

@@ -52,12 +52,19 @@ const (
 	AgentPath = "/org/nixcage/cage1/agent"
 )
 
+// BusAuditSignals are the Manager signals that carry an agent's audit data
+// (what it sent, who acted on it): caged sends each only to subscribed
+// callers allowed to view that agent, and the rendered bus policy lets only
+// root and the declared accounts receive them at all.
+var BusAuditSignals = []string{"EgressDecision", "AgentQuarantined", "AgentReleased", "AgentKilled"}
+
 // Unit names. Templates are instantiated with the agent name.
 const (
 	CagedUnit      = "nixcage-caged.service"
 	TargetUnit     = "nixcage.target"
 	NetnsTemplate  = "nixcage-netns@.service"
 	PrepTemplate   = "nixcage-prep@.service"
+	BindsTemplate  = "nixcage-binds@.service"
 	ProxySocketTpl = "cage-egress@.socket"
 	DNSSocketTpl   = "cage-egress-dns@.socket"
 	EgressTemplate = "cage-egress@.service"
@@ -113,6 +120,14 @@ func EgressState(agent string) string { return filepath.Join(EgressStateRoot, ag
 // It sits one level down so that no agent name can collide with caged's own
 // files in RuntimeRoot.
 func Runtime(agent string) string { return filepath.Join(RuntimeRoot, "cage", agent) }
+
+// RunsRoot holds one directory per throw-away cage (cagectl run): its
+// rendered configuration, its secrets and the list of files installed for
+// it, so teardown (or caged after a crash) removes exactly those.
+const RunsRoot = "/run/nixcage/runs"
+
+// RunDir is a throw-away cage's directory.
+func RunDir(name string) string { return filepath.Join(RunsRoot, name) }
 
 // DefaultWorkspace is an agent's workspace when the config names none.
 func DefaultWorkspace(agent string) string { return filepath.Join(WorkspaceRoot, agent) }

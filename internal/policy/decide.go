@@ -39,13 +39,13 @@ const (
 
 // Decide says whether the cage may reach host:port with method (CONNECT for
 // tunnels). host must already be normalized. Deny wins over allow; anything
-// not allowed is denied. IP literals are never allowed: patterns name hosts,
+// not allowed is denied. A deny entry covers the names below it (Covers). IP literals are never allowed: patterns name hosts,
 // and a literal would bypass both the DNS view and the SNI check.
 func (p *Policy) Decide(host string, port int, method string) Decision {
 	if _, err := netip.ParseAddr(host); err == nil {
 		return Decision{Result: Deny, Reason: "destination is an IP literal; policies allow host names only", Rule: "ip-literal"}
 	}
-	if d := MatchAny(p.Deny, host); d != "" {
+	if d := MatchDeny(p.Deny, host); d != "" {
 		return Decision{Result: Deny, Reason: fmt.Sprintf("host %s matches deny pattern %s", host, d), Rule: "deny:" + d}
 	}
 	a := MatchAny(p.Allow, host)
@@ -65,7 +65,7 @@ func (p *Policy) Decide(host string, port int, method string) Decision {
 // AllowsName reports whether DNS may answer for name: the same allow and deny
 // patterns as Decide, without ports.
 func (p *Policy) AllowsName(name string) (bool, string) {
-	if d := MatchAny(p.Deny, name); d != "" {
+	if d := MatchDeny(p.Deny, name); d != "" {
 		return false, "deny:" + d
 	}
 	if a := MatchAny(p.Allow, name); a != "" {

@@ -10,6 +10,13 @@ import (
 // and "a.b.example.org" but not "example.org"). Names are compared in lower
 // case without a trailing dot. There is no other syntax: no regexps, no
 // partial labels, so a pattern means what it reads.
+//
+// Allow and deny read an exact name differently, on purpose. An allowed
+// exact name is that name only. A denied exact name is that name and every
+// name below it ("evil.example.org" denies "x.evil.example.org" too): whoever
+// runs evil.example.org runs its subdomains and its name servers, so a deny
+// that stopped at one label would leave CONNECT, HTTP and DNS (data in the
+// labels of <data>.evil.example.org) open to the party it names. Deny wins.
 
 // CheckPattern reports why p is not a valid host pattern.
 func CheckPattern(p string) error {
@@ -63,6 +70,26 @@ func Match(pattern, host string) bool {
 		return strings.HasSuffix(host, suffix) && len(host) > len(suffix)
 	}
 	return pattern == host
+}
+
+// Covers reports whether deny pattern covers host: an exact name covers
+// itself and every name below it; a wildcard covers its strict subdomains.
+// Both must be normalized.
+func Covers(pattern, host string) bool {
+	if strings.HasPrefix(pattern, "*.") {
+		return Match(pattern, host)
+	}
+	return host == pattern || strings.HasSuffix(host, "."+pattern)
+}
+
+// MatchDeny returns the first deny pattern in list that covers host, or "".
+func MatchDeny(list []string, host string) string {
+	for _, p := range list {
+		if Covers(p, host) {
+			return p
+		}
+	}
+	return ""
 }
 
 // MatchAny returns the first pattern in list that matches host, or "".

@@ -43,6 +43,11 @@ type Policy struct {
 	Ports   []int    `json:"ports"`
 	Inspect []string `json:"inspect"`
 
+	// WebSocket allows WebSocket handshakes on intercepted hosts (every
+	// message is then inspected and redacted). The config model sets it.
+	WebSocket bool       `json:"websocket"`
+	HTTPRules []HTTPRule `json:"http_rules,omitempty"`
+
 	RateLimit  RateLimit   `json:"rate_limit"`
 	Inspectors []Inspector `json:"inspectors"`
 	Limits     Limits      `json:"limits"`
@@ -146,6 +151,11 @@ func Parse(data []byte) (*Runtime, error) {
 	}
 	for _, h := range append(append(append([]string{}, r.Policy.Allow...), r.Policy.Deny...), r.Policy.Inspect...) {
 		if err := CheckPattern(h); err != nil {
+			return nil, fmt.Errorf("egress config: %w", err)
+		}
+	}
+	for _, hr := range r.Policy.HTTPRules {
+		if err := hr.Check(); err != nil {
 			return nil, fmt.Errorf("egress config: %w", err)
 		}
 	}

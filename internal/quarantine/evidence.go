@@ -2,7 +2,6 @@ package quarantine
 
 import (
 	"bufio"
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -15,6 +14,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Files in an evidence directory.
@@ -25,6 +26,9 @@ const (
 	StatusName   = "status.json"
 	MarkName     = "quarantine.json"
 	SymlinksName = "symlinks.txt"
+	OmittedName  = "omitted.txt"
+	NamesName    = "names.txt"
+	SummaryName  = "evidence.json"
 	// DefaultMaxAudit caps the audit excerpt: the newest records are kept.
 	DefaultMaxAudit = 64 << 20
 )
@@ -37,6 +41,7 @@ type Collection struct {
 	Status    any
 	Now       time.Time
 	MaxAudit  int64
+	Limits    Limits
 }
 
 // Evidence describes a collected evidence directory.
@@ -44,6 +49,26 @@ type Evidence struct {
 	Dir   string
 	Files int
 	Bytes int64
+	// Omitted counts entries of omitted.txt: workspace entries left out or
+	// cut short, and a stopped walk.
+	Omitted int
+	// Stopped says which limit ended the workspace walk early, if any.
+	Stopped string
+}
+
+// summary is evidence.json: what the copy was allowed and what it did.
+type summary struct {
+	Limits struct {
+		MaxBytes      int64  `json:"max_bytes"`
+		MaxEntries    int    `json:"max_entries"`
+		MaxDuration   string `json:"max_duration"`
+		MaxPathLength int    `json:"max_path_length"`
+	} `json:"limits"`
+	WorkspaceBytes   int64  `json:"workspace_bytes"`
+	WorkspaceEntries int    `json:"workspace_entries"`
+	Omitted          int    `json:"omitted"`
+	Stopped          string `json:"stopped,omitempty"`
+	Complete         bool   `json:"complete"`
 }
 
 type manifest struct {
@@ -86,7 +111,8 @@ func Collect(d Dirs, c Collection) (*Evidence, error) {
 		return nil, fmt.Errorf("evidence: %w", err)
 	}
 	m := &manifest{}
-	if err := collect(d, c, tmp, m); err != nil {
+	w, err := collect(d, c, tmp, m)
+	if err != nil {
 		return nil, fmt.Errorf("evidence for %s (partial copy in %s): %w", c.Agent, tmp, err)
 	}
 	sort.Strings(m.lines)
@@ -100,27 +126,47 @@ func Collect(d Dirs, c Collection) (*Evidence, error) {
 	if err := os.Rename(tmp, final); err != nil {
 		return nil, fmt.Errorf("evidence: %w", err)
 	}
-	return &Evidence{Dir: final, Files: m.files, Bytes: m.bytes}, nil
+	return &Evidence{Dir: final, Files: m.files, Bytes: m.bytes, Omitted: w.nOmit, Stopped: w.stopped}, nil
 }
 
-func collect(d Dirs, c Collection, dir string, m *manifest) error {
+func collect(d Dirs, c Collection, dir string, m *manifest) (*walker, error) {
+	lim := c.Limits.withDefaults()
+	w := &walker{lim: lim, deadline: time.Now().Add(lim.MaxDuration), m: m}
 	if err := writeJSON(dir, MarkName, c.Mark, m); err != nil {
-		return err
+		return nil, err
 	}
 	if err := writeJSON(dir, StatusName, c.Status, m); err != nil {
-		return err
+		return nil, err
 	}
 	max := c.MaxAudit
 	if max <= 0 {
 		max = DefaultMaxAudit
 	}
 	if err := copyAudit(d.AuditFile(c.Agent), filepath.Join(dir, AuditName), max, m); err != nil {
-		return err
+		w.omit(AuditName, err.Error())
 	}
-	if c.Workspace == "" {
-		return nil
+	if c.Workspace != "" {
+		if err := copyWorkspace(d.Host(c.Workspace), dir, w); err != nil {
+			return nil, err
+		}
 	}
-	return copyWorkspace(d.Host(c.Workspace), dir, m)
+	for _, f := range []struct {
+		name string
+		body *strings.Builder
+	}{{SymlinksName, &w.links}, {OmittedName, &w.omitted}, {NamesName, &w.names}} {
+		if err := writeFile(dir, f.name, []byte(f.body.String()), m); err != nil {
+			return nil, err
+		}
+	}
+	var sum summary
+	sum.Limits.MaxBytes, sum.Limits.MaxEntries = lim.MaxBytes, lim.MaxEntries
+	sum.Limits.MaxDuration, sum.Limits.MaxPathLength = lim.MaxDuration.String(), MaxPathLen
+	sum.WorkspaceBytes, sum.WorkspaceEntries = w.bytes, w.entries
+	sum.Omitted, sum.Stopped, sum.Complete = w.nOmit, w.stopped, w.nOmit == 0
+	if err := writeJSON(dir, SummaryName, sum, m); err != nil {
+		return nil, err
+	}
+	return w, nil
 }
 
 func writeJSON(dir, name string, v any, m *manifest) error {
@@ -189,73 +235,42 @@ func copyStream(r io.Reader, dst string, mode fs.FileMode, rel string, m *manife
 	return nil
 }
 
-// copyWorkspace copies the agent's workspace through an os.Root, so no
-// symlink the agent planted can make caged (root) read outside it. Symlinks
-// are recreated, not followed, and listed in symlinks.txt; devices, FIFOs
-// and sockets are skipped and listed there too.
-func copyWorkspace(ws, dir string, m *manifest) error {
+// copyWorkspace copies the agent's workspace relative to open directory
+// descriptors (see walker), so no symlink the agent planted can make caged
+// (root) read outside it and no entry can end the copy. Symlinks are
+// recreated, not followed, and listed in symlinks.txt; what is left out
+// (specials, unreadable entries, whatever a limit cut) is named in
+// omitted.txt, and names that had to be encoded in names.txt.
+func copyWorkspace(ws, dir string, w *walker) error {
 	// DynamicUser state directories are symlinks into /var/lib/private; the
 	// top-level link is systemd's, not the agent's.
 	real, err := filepath.EvalSymlinks(ws)
-	if errors.Is(err, os.ErrNotExist) {
-		return writeFile(dir, SymlinksName, []byte("# workspace "+ws+" does not exist\n"), m)
-	}
 	if err != nil {
-		return fmt.Errorf("workspace: %w", err)
+		w.omit(WorkspaceDir, fmt.Sprintf("workspace %s not copied: %v", ws, err))
+		return nil
 	}
-	root, err := os.OpenRoot(real)
+	if err := os.Mkdir(filepath.Join(dir, WorkspaceDir), 0o700); err != nil {
+		return fmt.Errorf("evidence: %w", err)
+	}
+	dst, err := unix.Open(filepath.Join(dir, WorkspaceDir), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return fmt.Errorf("workspace: %w", err)
+		return fmt.Errorf("evidence: %w", err)
 	}
-	defer root.Close()
-	dstRoot := filepath.Join(dir, WorkspaceDir)
-	if err := os.Mkdir(dstRoot, 0o700); err != nil {
-		return err
-	}
-	var links bytes.Buffer
-	err = fs.WalkDir(root.FS(), ".", func(rel string, de fs.DirEntry, err error) error {
-		if err != nil {
-			return fmt.Errorf("workspace %s: %w", rel, err)
-		}
-		if rel == "." {
-			return nil
-		}
-		dst := filepath.Join(dstRoot, filepath.FromSlash(rel))
-		name := WorkspaceDir + "/" + rel
-		switch t := de.Type(); {
-		case t.IsDir():
-			return os.Mkdir(dst, 0o700)
-		case t&fs.ModeSymlink != 0:
-			target, err := root.Readlink(rel)
-			if err != nil {
-				return fmt.Errorf("workspace %s: %w", rel, err)
-			}
-			fmt.Fprintf(&links, "%q -> %q\n", name, target)
-			return os.Symlink(target, dst)
-		case t.IsRegular():
-			f, err := root.Open(rel)
-			if err != nil {
-				return fmt.Errorf("workspace %s: %w", rel, err)
-			}
-			defer f.Close()
-			st, err := f.Stat()
-			if err != nil || !st.Mode().IsRegular() {
-				return fmt.Errorf("workspace %s: changed while copying", rel)
-			}
-			return copyStream(f, dst, st.Mode().Perm()&0o700|0o400, name, m)
-		default:
-			fmt.Fprintf(&links, "%q skipped (%s)\n", name, t)
-			return nil
-		}
-	})
+	defer unix.Close(dst)
+	src, err := unix.Open(real, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return err
+		w.omit(WorkspaceDir, fmt.Sprintf("workspace %s not copied: %v", ws, err))
+		return nil
 	}
-	return writeFile(dir, SymlinksName, links.Bytes(), m)
+	defer unix.Close(src)
+	w.dir(src, dst, WorkspaceDir, WorkspaceDir)
+	w.copyLarge(src, dst)
+	return nil
 }
 
 // Verify re-hashes every file listed in dir's manifest (what `sha256sum -c`
-// does) and reports the first mismatch.
+// does) and reports the first mismatch. Names in its errors are quoted:
+// they come from the agent.
 func Verify(dir string) error {
 	b, err := os.ReadFile(filepath.Join(dir, ManifestName))
 	if err != nil {
@@ -276,16 +291,20 @@ func Verify(dir string) error {
 		}
 		f, err := os.Open(filepath.Join(dir, name))
 		if err != nil {
-			return fmt.Errorf("verify: %w", err)
+			var pe *fs.PathError
+			if errors.As(err, &pe) {
+				err = pe.Err
+			}
+			return fmt.Errorf("verify %q: %w", name, err)
 		}
 		h := sha256.New()
 		_, err = io.Copy(h, f)
 		f.Close()
 		if err != nil {
-			return fmt.Errorf("verify %s: %w", name, err)
+			return fmt.Errorf("verify %q: %w", name, err)
 		}
 		if hex.EncodeToString(h.Sum(nil)) != sum {
-			return fmt.Errorf("verify: %s does not match the manifest", name)
+			return fmt.Errorf("verify: %q does not match the manifest", name)
 		}
 	}
 	return nil

@@ -19,7 +19,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
+
+	"github.com/godbus/dbus/v5"
 
 	"github.com/nixcage/nixcage/internal/paths"
 	"github.com/nixcage/nixcage/internal/reconcile"
@@ -113,8 +116,9 @@ func Quarantined(d Dirs, agent string) bool {
 }
 
 // place writes the mark durably: the agent must stay down even if the host
-// loses power right after.
-func place(d Dirs, m *Mark) error {
+// loses power right after. A first mark is linked into place, which fails
+// if one exists: two quarantines of one agent cannot both proceed.
+func place(d Dirs, m *Mark, first bool) error {
 	p := d.MarkPath(m.Agent)
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		return fmt.Errorf("quarantine mark: %w", err)
@@ -127,6 +131,7 @@ func place(d Dirs, m *Mark) error {
 	if err != nil {
 		return fmt.Errorf("quarantine mark: %w", err)
 	}
+	defer os.Remove(tmp.Name())
 	_, werr := tmp.Write(append(b, '\n'))
 	if werr == nil {
 		werr = tmp.Chmod(0o644)
@@ -137,11 +142,15 @@ func place(d Dirs, m *Mark) error {
 	if cerr := tmp.Close(); werr == nil {
 		werr = cerr
 	}
-	if werr == nil {
+	if werr == nil && first {
+		werr = os.Link(tmp.Name(), p)
+		if errors.Is(werr, os.ErrExist) {
+			return ErrAlreadyQuarantined
+		}
+	} else if werr == nil {
 		werr = os.Rename(tmp.Name(), p)
 	}
 	if werr != nil {
-		os.Remove(tmp.Name())
 		return fmt.Errorf("quarantine mark: %w", werr)
 	}
 	if dir, err := os.Open(filepath.Dir(p)); err == nil {
@@ -159,33 +168,99 @@ type Request struct {
 	Workspace string // host path, as declared in the config
 	// Status is a snapshot of the agent's state, stored as status.json.
 	Status any
-	Now    func() time.Time
-	Log    *slog.Logger
+	// Limits bound the evidence copy (zero fields: the defaults).
+	Limits Limits
+	// Contained, if set, is called once the agent is down and cut off,
+	// before its evidence is copied (caged logs it; tests order on it).
+	Contained func()
+	Now       func() time.Time
+	Log       *slog.Logger
+}
+
+func (r Request) clock() func() time.Time {
+	if r.Now != nil {
+		return r.Now
+	}
+	return time.Now
+}
+
+func (r Request) logger() *slog.Logger {
+	if r.Log != nil {
+		return r.Log
+	}
+	return slog.Default()
 }
 
 // Result says what a quarantine did.
 type Result struct {
 	Mark     *Mark
-	Frozen   bool // the cgroup was frozen (else stopped) before evidence was taken
+	Frozen   bool // the cgroup was frozen before anything else
 	Evidence *Evidence
 }
 
-// Run quarantines an agent: mark, freeze (or stop) the agent, stop its
-// gateway and listeners, collect evidence, then stop the agent.
+// Run quarantines an agent: Contain it (mark, halt, cut egress, stop), then
+// collect its evidence, bounded by req.Limits. It holds no lock shared with
+// other agents: quarantines of different agents run side by side, and a
+// slow copy delays only its own reply.
 func Run(ctx context.Context, u reconcile.Units, d Dirs, req Request) (*Result, error) {
-	now := time.Now
-	if req.Now != nil {
-		now = req.Now
+	now, lg := req.clock(), req.logger()
+	res, err := Contain(ctx, u, d, req)
+	if res == nil {
+		return nil, err
 	}
-	lg := req.Log
-	if lg == nil {
-		lg = slog.Default()
+	var errs []error
+	if err != nil {
+		errs = append(errs, err)
 	}
-	if m, _ := Read(d, req.Agent); m != nil {
-		return nil, fmt.Errorf("%w (since %s by %s: %s); release it first", ErrAlreadyQuarantined, m.At.Format(time.RFC3339), m.By, m.Reason)
+	if req.Contained != nil {
+		req.Contained()
 	}
+	ev, err := Collect(d, Collection{
+		Agent: req.Agent, Workspace: req.Workspace, Mark: res.Mark, Status: req.Status, Now: now(), Limits: req.Limits,
+	})
+	if err != nil {
+		errs = append(errs, err)
+	} else {
+		res.Evidence = ev
+		res.Mark.Evidence = ev.Dir
+		if err := place(d, res.Mark, false); err != nil {
+			errs = append(errs, err)
+		}
+		lg.Info("evidence collected", "agent", req.Agent, "dir", ev.Dir, "files", ev.Files, "bytes", ev.Bytes, "omitted", ev.Omitted, "stopped", ev.Stopped)
+	}
+	// Cut once more: a reconcile that read unit states before the mark
+	// existed may have restarted the gateway meanwhile. Stopping a stopped
+	// unit is a no-op.
+	errs = append(errs, cutEgress(ctx, u, req.Agent)...)
+	if err := errors.Join(errs...); err != nil {
+		return res, fmt.Errorf("quarantine %s (the agent stays marked and will not start): %w", req.Agent, err)
+	}
+	return res, nil
+}
+
+// Contain marks the agent and takes it down, in this order:
+//
+//  1. the mark (systemd refuses to start a marked agent from now on);
+//  2. freeze its cgroup, so it cannot react to what follows;
+//     where freezing is unavailable (cgroup v1), SIGKILL it instead;
+//  3. cut its egress: the gateway and both listeners;
+//  4. stop it: SIGKILL reaches a frozen cgroup, then the stop job cleans
+//     up (a thaw first would let it run its SIGTERM handler on the
+//     workspace before the copy);
+//  5. thaw only if the unit is still loaded and active; an agent already
+//     gone is done, not an error.
+//
+// Errors are real failures only; the result is nil only if no mark was
+// placed.
+func Contain(ctx context.Context, u reconcile.Units, d Dirs, req Request) (*Result, error) {
+	now, lg := req.clock(), req.logger()
 	m := &Mark{Agent: req.Agent, Reason: req.Reason, By: req.By, At: now().UTC()}
-	if err := place(d, m); err != nil {
+	if err := place(d, m, true); err != nil {
+		if errors.Is(err, ErrAlreadyQuarantined) {
+			if old, _ := Read(d, req.Agent); old != nil {
+				return nil, fmt.Errorf("%w (since %s by %s: %s); release it first", ErrAlreadyQuarantined, old.At.Format(time.RFC3339), old.By, old.Reason)
+			}
+		}
 		return nil, err
 	}
 	lg.Warn("agent quarantined", "agent", req.Agent, "reason", req.Reason, "by", req.By)
@@ -193,54 +268,90 @@ func Run(ctx context.Context, u reconcile.Units, d Dirs, req Request) (*Result, 
 	agentUnit := paths.Instance(paths.AgentTemplate, req.Agent)
 
 	var errs []error
-	// Freeze keeps the workspace still while it is copied; where the
-	// freezer is unavailable (cgroup v1) stop instead.
 	if err := u.Freeze(ctx, agentUnit); err == nil {
 		res.Frozen = true
-	} else {
-		lg.Info("freeze unavailable, stopping agent", "agent", req.Agent, "err", err)
-		if err := u.Stop(ctx, agentUnit); err != nil && !reconcile.IsNoSuchUnit(err) {
+	} else if !isGone(err) {
+		lg.Info("freeze unavailable, killing agent", "agent", req.Agent, "err", err)
+		if err := kill(ctx, u, agentUnit); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	// Cut egress: the gateway and both listeners.
+	errs = append(errs, cutEgress(ctx, u, req.Agent)...)
+	if res.Frozen {
+		if err := kill(ctx, u, agentUnit); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := u.Stop(ctx, agentUnit); err != nil && !reconcile.IsNoSuchUnit(err) {
+		errs = append(errs, err)
+	}
+	if res.Frozen {
+		st, err := u.States(ctx, []string{agentUnit})
+		if err != nil {
+			errs = append(errs, err)
+		} else if s := st[agentUnit]; s.Load == "loaded" && s.Active != "inactive" && s.Active != "failed" {
+			if err := u.Thaw(ctx, agentUnit); err != nil && !isGone(err) {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return res, errors.Join(errs...)
+}
+
+// cutEgress stops the agent's gateway and both listeners.
+func cutEgress(ctx context.Context, u reconcile.Units, agent string) []error {
+	var errs []error
 	for _, unit := range []string{
-		paths.Instance(paths.EgressTemplate, req.Agent),
-		paths.Instance(paths.ProxySocketTpl, req.Agent),
-		paths.Instance(paths.DNSSocketTpl, req.Agent),
+		paths.Instance(paths.EgressTemplate, agent),
+		paths.Instance(paths.ProxySocketTpl, agent),
+		paths.Instance(paths.DNSSocketTpl, agent),
 	} {
 		if err := u.Stop(ctx, unit); err != nil && !reconcile.IsNoSuchUnit(err) {
 			errs = append(errs, err)
 		}
 	}
-	ev, err := Collect(d, Collection{
-		Agent: req.Agent, Workspace: req.Workspace, Mark: m, Status: req.Status, Now: now(),
-	})
-	if err != nil {
-		errs = append(errs, err)
-	} else {
-		res.Evidence = ev
-		m.Evidence = ev.Dir
-		if err := place(d, m); err != nil {
-			errs = append(errs, err)
-		}
-		lg.Info("evidence collected", "agent", req.Agent, "dir", ev.Dir, "files", ev.Files, "bytes", ev.Bytes)
+	return errs
+}
+
+// kill sends SIGKILL to the agent's whole cgroup if it still runs (cutting
+// the egress usually stopped it already: it Requires= the sockets). An
+// agent with no process left is what was wanted.
+func kill(ctx context.Context, u reconcile.Units, unit string) error {
+	if st, err := u.States(ctx, []string{unit}); err == nil && !st[unit].Running() {
+		return nil
 	}
-	if res.Frozen {
-		// A frozen cgroup cannot act on SIGTERM; thaw so the stop is
-		// prompt. Its network is already gone. Cutting the egress may have
-		// stopped (and unloaded) the agent already: it Requires= the sockets.
-		if err := u.Thaw(ctx, agentUnit); err != nil && !reconcile.IsNoSuchUnit(err) {
-			errs = append(errs, err)
-		}
-		if err := u.Stop(ctx, agentUnit); err != nil && !reconcile.IsNoSuchUnit(err) {
-			errs = append(errs, err)
-		}
+	err := u.Kill(ctx, unit, int32(syscall.SIGKILL))
+	if err == nil || isGone(err) {
+		return nil
 	}
-	if err := errors.Join(errs...); err != nil {
-		return res, fmt.Errorf("quarantine %s (the agent stays marked and will not start): %w", req.Agent, err)
+	if st, serr := u.States(ctx, []string{unit}); serr == nil && !st[unit].Running() {
+		return nil // it died between our look and the signal
 	}
-	return res, nil
+	return err
+}
+
+// isGone reports whether systemd refused because the unit is not running
+// (or not loaded): for taking an agent down, that is success.
+func isGone(err error) bool {
+	if reconcile.IsNoSuchUnit(err) {
+		return true
+	}
+	var de dbus.Error
+	if errors.As(err, &de) {
+		return goneErrors[de.Name]
+	}
+	var dp *dbus.Error
+	if errors.As(err, &dp) {
+		return goneErrors[dp.Name]
+	}
+	return false
+}
+
+var goneErrors = map[string]bool{
+	"org.freedesktop.systemd1.NoSuchUnit":             true,
+	"org.freedesktop.systemd1.UnitInactive":           true,
+	"org.freedesktop.systemd1.NoSuchProcess":          true,
+	"org.freedesktop.DBus.Error.UnixProcessIdUnknown": true,
 }
 
 // Release removes agent's mark so it may start again. It does not start it.

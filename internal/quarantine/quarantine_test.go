@@ -91,14 +91,15 @@ func TestQuarantineEvidenceVerifies(t *testing.T) {
 	f := setup(t, false)
 	res := f.quarantine(t)
 	agentUnit := paths.Instance(paths.AgentTemplate, "mallory")
-	want := []string{
-		"FreezeUnit " + agentUnit,
+	cut := []string{
 		"StopUnit " + paths.Instance(paths.EgressTemplate, "mallory"),
 		"StopUnit " + paths.Instance(paths.ProxySocketTpl, "mallory"),
 		"StopUnit " + paths.Instance(paths.DNSSocketTpl, "mallory"),
-		"ThawUnit " + agentUnit,
-		"StopUnit " + agentUnit,
 	}
+	// Freeze, cut, stop; no thaw: cutting the sockets stopped the agent
+	// (Requires=), and systemd refuses to thaw an inactive unit. The cut
+	// is repeated after the copy.
+	want := slices.Concat([]string{"FreezeUnit " + agentUnit}, cut, []string{"StopUnit " + agentUnit}, cut)
 	if got := f.sd.Calls(); !slices.Equal(got, want) {
 		t.Errorf("systemd calls:\n got %q\nwant %q", got, want)
 	}
@@ -122,7 +123,7 @@ func TestQuarantineEvidenceVerifies(t *testing.T) {
 		t.Errorf("Verify: %v", err)
 	}
 	man, _ := os.ReadFile(filepath.Join(dir, quarantine.ManifestName))
-	for _, name := range []string{"workspace/notes.txt", "workspace/src/deep/main.py", "audit.jsonl", "status.json", "quarantine.json", "symlinks.txt", `workspace/odd\nname\\x`} {
+	for _, name := range []string{"workspace/notes.txt", "workspace/src/deep/main.py", "audit.jsonl", "status.json", "quarantine.json", "symlinks.txt", "omitted.txt", "names.txt", "evidence.json", `workspace/odd%0Aname\\x`} {
 		if !strings.Contains(string(man), "  "+name+"\n") {
 			t.Errorf("manifest lacks %s:\n%s", name, man)
 		}
@@ -183,8 +184,10 @@ func TestQuarantineWithoutFreezerStopsFirst(t *testing.T) {
 	res := f.quarantine(t)
 	agentUnit := paths.Instance(paths.AgentTemplate, "mallory")
 	calls := f.sd.Calls()
-	if len(calls) < 2 || calls[0] != "FreezeUnit "+agentUnit || calls[1] != "StopUnit "+agentUnit {
-		t.Errorf("calls %q: want a failed freeze then a stop of the agent before anything else", calls)
+	// SIGKILL, not a stop: SIGTERM would let the agent's handler touch
+	// the workspace before the copy.
+	if len(calls) < 2 || calls[0] != "FreezeUnit "+agentUnit || calls[1] != "KillUnit "+agentUnit+" all 9" {
+		t.Errorf("calls %q: want a failed freeze then SIGKILL of the agent before anything else", calls)
 	}
 	if res.Frozen {
 		t.Error("reported frozen")

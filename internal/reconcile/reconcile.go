@@ -2,7 +2,6 @@ package reconcile
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -26,10 +25,6 @@ const (
 	// only drives their lifecycle.
 	ModeOS = "os"
 )
-
-// manifestFile (under the prefix) lists every file the last reconcile
-// installed, so the next one knows what to remove.
-const manifestFile = "nixcage/rendered.json"
 
 // Reconciler applies a config to a host. It is safe for concurrent use;
 // reconciles are serialized.
@@ -127,21 +122,168 @@ func (r *Reconciler) Apply(ctx context.Context, cfg *config.Config) (*Result, er
 	return res, err
 }
 
+// Plan is what installing a config would do, computed without changing
+// anything: `cagectl apply-config --dry-run` prints it, and Apply does
+// exactly this.
+type Plan struct {
+	Added   []string // agents declared now and not installed before
+	Changed []string // installed agents with a changed file or unit
+	Removed []string // installed agents no longer declared
+	Write   []string // files whose bytes change (relative to the prefix)
+	Remove  []string // files of what is no longer declared
+	Stop    []string // units of removed agents, stopped first
+	Restart []string // running units that read a changed file
+	Start   []string // autostart agents that are down and will be started
+}
+
+// renderPlan is a Plan with what executing it needs.
+type renderPlan struct {
+	Plan
+	dir      string
+	files    []render.File
+	old      []string // previous manifest
+	affected []string // units reading a changed file, running or not
+}
+
+// Plan computes what Apply would do for cfg, reading the installed tree and
+// unit states but changing nothing.
+func (r *Reconciler) Plan(ctx context.Context, cfg *config.Config) (*Plan, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.Mode != ModeRender {
+		return nil, fmt.Errorf("reconcile: a plan needs the units to be installed by caged (mode %q)", ModeRender)
+	}
+	p, err := r.planRender(cfg)
+	if err != nil {
+		return nil, err
+	}
+	states, err := r.Units.States(ctx, p.affected)
+	if err != nil {
+		return nil, err
+	}
+	for _, u := range p.affected {
+		if states[u].Running() {
+			p.Restart = append(p.Restart, u)
+		}
+	}
+	down, _, err := r.autostartCandidates(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	p.Start = down
+	return &p.Plan, nil
+}
+
+// planRender renders cfg and compares it with what is installed.
+func (r *Reconciler) planRender(cfg *config.Config) (*renderPlan, error) {
+	files, err := render.Render(cfg, r.Options)
+	if err != nil {
+		return nil, fmt.Errorf("render: %w", err)
+	}
+	files = installable(files)
+	dir := r.host(r.Options.Prefix)
+	p := &renderPlan{dir: dir, files: files, old: render.ReadManifest(dir).Files}
+	want := map[string]bool{}
+	for _, f := range files {
+		want[f.Path] = true
+	}
+	// Files of undeclared agents are found by name too, so a tree
+	// installed without a manifest (or with a lost one) is still pruned.
+	seen := map[string]bool{}
+	for _, f := range append(append([]string(nil), p.old...), scanAgentFiles(dir)...) {
+		if !want[f] && !seen[f] && installablePath(f) {
+			seen[f] = true
+			p.Remove = append(p.Remove, f)
+		}
+	}
+	sort.Strings(p.Remove)
+	current := map[string]bool{}
+	for _, a := range cfg.Agents {
+		current[a.Name] = true
+	}
+	installed := map[string]bool{}
+	for _, f := range scanAgentFiles(dir) {
+		if a, ok := agentOf(f); ok {
+			installed[a] = true
+		}
+	}
+	gone := map[string]bool{}
+	for _, f := range p.Remove {
+		if a, ok := agentOf(f); ok && !current[a] {
+			gone[a] = true
+		}
+	}
+	p.Removed = sortedKeys(gone)
+	for _, a := range p.Removed {
+		us := AgentUnits(a)
+		for i := len(us) - 1; i >= 0; i-- {
+			p.Stop = append(p.Stop, us[i])
+		}
+	}
+	p.Write = render.Diff(dir, files)
+	p.affected = affectedUnits(p.Write, cfg)
+	changed := map[string]bool{}
+	for _, f := range p.Write {
+		if a, ok := agentOf(f); ok {
+			changed[a] = true
+		}
+	}
+	for _, u := range p.affected {
+		if a, ok := agentOf("systemd/system/" + u); ok {
+			changed[a] = true
+		}
+	}
+	for _, a := range cfg.Agents {
+		switch {
+		case !installed[a.Name]:
+			p.Added = append(p.Added, a.Name)
+		case changed[a.Name]:
+			p.Changed = append(p.Changed, a.Name)
+		}
+	}
+	return p, nil
+}
+
+// scanAgentFiles lists the per-agent files the renderer writes that exist
+// under dir (agent units, credential drop-ins, autostart links, gateway
+// documents), whatever the manifest says.
+func scanAgentFiles(dir string) []string {
+	var out []string
+	for _, pat := range []string{
+		"systemd/system/" + paths.Instance(paths.AgentTemplate, "*"),
+		"systemd/system/" + paths.Instance(paths.PrepTemplate, "*") + ".d/50-credentials.conf",
+		"systemd/system/" + paths.Instance(paths.EgressTemplate, "*") + ".d/50-credentials.conf",
+		"systemd/system/" + paths.TargetUnit + ".wants/" + paths.Instance(paths.AgentTemplate, "*"),
+		"nixcage/agents/*/egress.json",
+	} {
+		m, _ := filepath.Glob(filepath.Join(dir, pat))
+		for _, f := range m {
+			rel, err := filepath.Rel(dir, f)
+			if err == nil {
+				out = append(out, rel)
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
 // applyRender installs the rendered tree and restarts what changed.
 // Order: stop vanished agents; write; remove stale files; reload; restart
 // units whose bytes changed. A failed write aborts before reload, so systemd
 // never loads a half-written set.
 func (r *Reconciler) applyRender(ctx context.Context, cfg *config.Config, res *Result) []error {
-	files, err := render.Render(cfg, r.Options)
+	p, err := r.planRender(cfg)
 	if err != nil {
-		return []error{fmt.Errorf("render: %w", err)}
+		return []error{err}
 	}
-	files = installable(files)
-	dir := r.host(r.Options.Prefix)
-	for _, f := range files {
-		if rest, ok := strings.CutPrefix(f.Path, "systemd/system/"); ok && !strings.Contains(rest, "/") {
-			if _, err := os.Lstat(r.host(filepath.Join("/etc/systemd/system", rest))); err == nil {
-				res.Shadowed = append(res.Shadowed, rest)
+	dir := p.dir
+	if r.Options.Prefix != paths.DefaultPrefix {
+		for _, f := range p.files {
+			if rest, ok := strings.CutPrefix(f.Path, "systemd/system/"); ok && !strings.Contains(rest, "/") {
+				if _, err := os.Lstat(r.host(filepath.Join("/etc/systemd/system", rest))); err == nil {
+					res.Shadowed = append(res.Shadowed, rest)
+				}
 			}
 		}
 	}
@@ -149,73 +291,53 @@ func (r *Reconciler) applyRender(ctx context.Context, cfg *config.Config, res *R
 		r.log().Warn("units under /etc/systemd/system override the ones caged renders into /run; install only nixcage-caged.service there, or run caged with --units os",
 			"units", res.Shadowed)
 	}
-	old := readManifest(filepath.Join(dir, manifestFile))
-	want := map[string]bool{}
-	for _, f := range files {
-		want[f.Path] = true
-	}
-	var stale []string
-	for _, p := range old {
-		if !want[p] {
-			stale = append(stale, p)
-		}
-	}
-	sort.Strings(stale)
 
 	var errs []error
 	// Agents whose unit disappears are stopped while systemd still knows
 	// their units.
-	current := map[string]bool{}
-	for _, a := range cfg.Agents {
-		current[a.Name] = true
-	}
-	gone := map[string]bool{}
-	for _, p := range stale {
-		if a, ok := agentOf(p); ok && !current[a] {
-			gone[a] = true
+	for _, u := range p.Stop {
+		if err := r.Units.Stop(ctx, u); err != nil && !IsNoSuchUnit(err) {
+			errs = append(errs, err)
+			continue
 		}
-	}
-	for _, a := range sortedKeys(gone) {
-		us := AgentUnits(a)
-		for i := len(us) - 1; i >= 0; i-- {
-			if err := r.Units.Stop(ctx, us[i]); err != nil && !IsNoSuchUnit(err) {
-				errs = append(errs, err)
-				continue
-			}
-			res.Stopped = append(res.Stopped, us[i])
-		}
+		res.Stopped = append(res.Stopped, u)
 	}
 
 	// The manifest first lists old and new files, so that a crash after
 	// writing still lets the next run find everything it may have to remove.
-	union := append(append([]string(nil), old...), sortedKeys(want)...)
-	if err := writeManifest(filepath.Join(dir, manifestFile), dedupe(union)); err != nil {
+	want := render.Paths(p.files)
+	union := append(append([]string(nil), p.old...), want...)
+	if err := render.WriteManifest(dir, render.Manifest{Files: dedupe(union), Options: &r.Options}); err != nil {
 		return append(errs, err)
 	}
-	changed, err := render.Write(dir, files)
+	changed, err := render.Write(dir, p.files)
 	res.Written = changed
 	if err != nil {
 		return append(errs, fmt.Errorf("install units: %w", err))
 	}
-	for _, p := range stale {
-		if err := os.Remove(filepath.Join(dir, p)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, fmt.Errorf("remove %s: %w", p, err))
+	for _, f := range p.Remove {
+		if err := os.Remove(filepath.Join(dir, f)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("remove %s: %w", f, err))
 			continue
 		}
-		removeEmptyParents(dir, filepath.Dir(p))
-		res.Removed = append(res.Removed, p)
+		removeEmptyParents(dir, filepath.Dir(f))
+		res.Removed = append(res.Removed, f)
 	}
-	if err := writeManifest(filepath.Join(dir, manifestFile), sortedKeys(want)); err != nil {
+	if err := render.WriteManifest(dir, render.Manifest{Files: want, Options: &r.Options}); err != nil {
 		errs = append(errs, err)
 	}
 
 	if len(changed)+len(res.Removed) == 0 {
 		return errs
 	}
-	if err := r.Units.SD.ReloadContext(ctx); err != nil {
-		return append(errs, fmt.Errorf("daemon-reload: %w", err))
+	// systemd reads only unit files; a changed runtime document (the
+	// canonical config, egress.json) needs restarts, not a reload.
+	if touchesUnits(changed) || touchesUnits(res.Removed) {
+		if err := r.Units.SD.ReloadContext(ctx); err != nil {
+			return append(errs, fmt.Errorf("daemon-reload: %w", err))
+		}
+		res.Reloaded = true
 	}
-	res.Reloaded = true
 
 	affected := affectedUnits(changed, cfg)
 	if len(affected) == 0 {
@@ -238,8 +360,9 @@ func (r *Reconciler) applyRender(ctx context.Context, cfg *config.Config, res *R
 	return errs
 }
 
-// autostart starts agents declared with autostart that are down.
-func (r *Reconciler) autostart(ctx context.Context, cfg *config.Config, res *Result) []error {
+// autostartCandidates are the agent units declared with autostart that are
+// down: to start, and (separately) those kept down by a quarantine.
+func (r *Reconciler) autostartCandidates(ctx context.Context, cfg *config.Config) (start, skipped []string, err error) {
 	var names []string
 	for _, a := range cfg.Agents {
 		if a.Autostart {
@@ -248,18 +371,40 @@ func (r *Reconciler) autostart(ctx context.Context, cfg *config.Config, res *Res
 	}
 	states, err := r.Units.States(ctx, names)
 	if err != nil {
-		return []error{err}
+		return nil, nil, err
 	}
-	var errs []error
 	for _, a := range cfg.Agents {
 		u := paths.Instance(paths.AgentTemplate, a.Name)
 		if !a.Autostart || states[u].Running() {
 			continue
 		}
 		if r.Quarantined != nil && r.Quarantined(a.Name) {
-			res.Skipped = append(res.Skipped, u)
+			skipped = append(skipped, u)
 			continue
 		}
+		start = append(start, u)
+	}
+	return start, skipped, nil
+}
+
+func touchesUnits(files []string) bool {
+	for _, p := range files {
+		if strings.HasPrefix(p, "systemd/") {
+			return true
+		}
+	}
+	return false
+}
+
+// autostart starts agents declared with autostart that are down.
+func (r *Reconciler) autostart(ctx context.Context, cfg *config.Config, res *Result) []error {
+	start, skipped, err := r.autostartCandidates(ctx, cfg)
+	if err != nil {
+		return []error{err}
+	}
+	res.Skipped = append(res.Skipped, skipped...)
+	var errs []error
+	for _, u := range start {
 		if err := r.Units.Start(ctx, u); err != nil {
 			errs = append(errs, err)
 			continue
@@ -275,12 +420,18 @@ func (r *Reconciler) autostart(ctx context.Context, cfg *config.Config, res *Res
 func installable(files []render.File) []render.File {
 	out := files[:0:0]
 	for _, f := range files {
-		if f.Path == "systemd/system/"+paths.CagedUnit || strings.HasPrefix(f.Path, "dbus-1/") {
-			continue
+		if installablePath(f.Path) {
+			out = append(out, f)
 		}
-		out = append(out, f)
 	}
 	return out
+}
+
+// installablePath is false for the install-time files: never written, and
+// never pruned either (`cagectl render --out /etc` lists them in its
+// manifest).
+func installablePath(p string) bool {
+	return p != "systemd/system/"+paths.CagedUnit && !strings.HasPrefix(p, "dbus-1/")
 }
 
 // agentOf names the agent a rendered file belongs to, if any.
@@ -290,7 +441,10 @@ func agentOf(p string) (string, bool) {
 		return a, a != ""
 	}
 	if rest, ok := strings.CutPrefix(p, "systemd/system/"); ok {
-		unit, _, _ := strings.Cut(rest, "/") // drop-in dirs: X@a.service.d/...
+		unit, sub, _ := strings.Cut(rest, "/") // drop-in dirs: X@a.service.d/...
+		if strings.HasSuffix(unit, ".wants") {
+			unit = sub // autostart links: nixcage.target.wants/nixcage-agent@a.service
+		}
 		unit = strings.TrimSuffix(unit, ".d")
 		if strings.Contains(unit, "/") || !strings.Contains(unit, "@") {
 			return "", false
@@ -338,40 +492,6 @@ func affectedUnits(changed []string, cfg *config.Config) []string {
 		}
 	}
 	return out
-}
-
-func readManifest(p string) []string {
-	b, err := os.ReadFile(p)
-	if err != nil {
-		return nil
-	}
-	var m struct {
-		Files []string `json:"files"`
-	}
-	if json.Unmarshal(b, &m) != nil {
-		return nil
-	}
-	return m.Files
-}
-
-func writeManifest(p string, files []string) error {
-	b, err := json.MarshalIndent(struct {
-		Files []string `json:"files"`
-	}{files}, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		return fmt.Errorf("manifest: %w", err)
-	}
-	tmp := p + ".tmp"
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
-		return fmt.Errorf("manifest: %w", err)
-	}
-	if err := os.Rename(tmp, p); err != nil {
-		return fmt.Errorf("manifest: %w", err)
-	}
-	return nil
 }
 
 // removeEmptyParents removes now-empty directories (drop-in dirs, an

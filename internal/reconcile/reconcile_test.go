@@ -148,7 +148,7 @@ agent "beta" {
   autostart = false
 }
 `,
-			calls: []string{"Reload", "RestartUnit " + paths.Instance(paths.PrepTemplate, "alpha")},
+			calls: []string{"RestartUnit " + paths.Instance(paths.PrepTemplate, "alpha")},
 			check: func(t *testing.T, res *reconcile.Result) {
 				if a, _ := e.sd.State(agentA); a != "active" {
 					t.Errorf("alpha is %s after its prepare step restarted, want active", a)
@@ -303,5 +303,91 @@ func TestReconcileReportsUnitsShadowedByEtc(t *testing.T) {
 	}
 	if !slices.Equal(res.Shadowed, []string{agentA}) {
 		t.Errorf("Shadowed = %q, want [%s]", res.Shadowed, agentA)
+	}
+}
+
+// TestPlanAndPruneEtcTree installs into an /etc tree first written by
+// `cagectl render --out /etc` (no reconcile has run there), then plans and
+// applies a config that removes one agent and adds another: the plan names
+// them, the removed agent's units and autostart link go, the unchanged one is
+// not restarted.
+func TestPlanAndPruneEtcTree(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	o := render.DefaultOptions() // prefix /etc
+	r := &reconcile.Reconciler{Units: reconcile.Units{SD: e.conn}, Mode: reconcile.ModeRender, Root: e.root, Options: o}
+	first := load(t, `
+agent "alpha" {
+  backend = "service"
+  command = ["/bin/sleep", "infinity"]
+}
+agent "gamma" {
+  backend = "service"
+  command = ["/bin/sleep", "infinity"]
+}
+`)
+	files, err := render.Render(first, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	etc := filepath.Join(e.root, "etc")
+	if _, err := render.Write(etc, files); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.conn.ReloadContext(ctx); err != nil { // the installer's daemon-reload
+		t.Fatal(err)
+	}
+	if _, err := r.Apply(ctx, first); err != nil { // starts both (autostart)
+		t.Fatal(err)
+	}
+	e.sd.Reset()
+	next := load(t, `
+agent "alpha" {
+  backend = "service"
+  command = ["/bin/sleep", "infinity"]
+}
+agent "delta" {
+  backend = "service"
+  command = ["/bin/sleep", "infinity"]
+}
+`)
+	p, err := r.Plan(ctx, next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	agentG := paths.Instance(paths.AgentTemplate, "gamma")
+	agentD := paths.Instance(paths.AgentTemplate, "delta")
+	if !slices.Equal(p.Added, []string{"delta"}) || !slices.Equal(p.Removed, []string{"gamma"}) || len(p.Changed) != 0 {
+		t.Errorf("plan agents: added %q changed %q removed %q", p.Added, p.Changed, p.Removed)
+	}
+	if len(p.Restart) != 0 || !slices.Equal(p.Start, []string{agentD}) || !slices.Contains(p.Stop, agentG) {
+		t.Errorf("plan units: restart %q start %q stop %q", p.Restart, p.Start, p.Stop)
+	}
+	if !slices.Contains(p.Remove, "systemd/system/"+paths.TargetUnit+".wants/"+agentG) {
+		t.Errorf("plan does not remove gamma's autostart link: %q", p.Remove)
+	}
+	if calls := e.sd.Calls(); len(calls) != 0 {
+		t.Errorf("planning called systemd to change things: %q", calls)
+	}
+	res, err := r.Apply(ctx, next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(res.Restarted, paths.Instance(paths.AgentTemplate, "alpha")) {
+		t.Errorf("unchanged alpha was restarted: %+v", res)
+	}
+	for _, f := range []string{"systemd/system/" + agentG, "systemd/system/" + paths.TargetUnit + ".wants/" + agentG, "nixcage/agents/gamma/egress.json"} {
+		if _, err := os.Lstat(filepath.Join(etc, f)); err == nil {
+			t.Errorf("%s was not pruned", f)
+		}
+	}
+	if a, _ := e.sd.State(agentG); a == "active" {
+		t.Errorf("removed gamma still active")
+	}
+	if a, _ := e.sd.State(agentD); a != "active" {
+		t.Errorf("new delta is %s, want active", a)
+	}
+	if m := render.ReadManifest(etc); m.Options == nil || m.Options.Prefix != "/etc" || slices.Contains(m.Files, "systemd/system/"+agentG) {
+		t.Errorf("manifest after apply: %+v", m)
 	}
 }

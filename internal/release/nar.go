@@ -18,6 +18,9 @@ import (
 
 // NarStats counts what a NAR held.
 type NarStats struct {
+	// Root is the type of the NAR's root entry (nar.TypeDirectory, ...):
+	// a release's top must be a directory, never a link a bind would follow.
+	Root                  nar.NodeType
 	Files, Dirs, Symlinks int
 	Size                  int64 // NAR bytes read, trailing data included
 	Digest                []byte
@@ -43,6 +46,14 @@ func (h *hashReader) Read(p []byte) (int, error) {
 	h.n += int64(n)
 	return n, err
 }
+
+// WriteError is a failure of the local file system while unpacking (out of
+// space or inodes, read-only, I/O error): a fault of this machine, not of
+// the release, so it must never be reported as a refusal.
+type WriteError struct{ Err error }
+
+func (e *WriteError) Error() string { return "write to the store's file system: " + e.Err.Error() }
+func (e *WriteError) Unwrap() error { return e.Err }
 
 // UnpackNAR parses the NAR in r, hashing every byte, and (if dst is not
 // empty) recreates it at dst, which must not exist. It reads r to EOF.
@@ -116,6 +127,9 @@ func unpack(br io.Reader, hr *hashReader, dst string) (st NarStats, err error) {
 			return st, errors.New("nar has a second root entry")
 		}
 		seen[p] = true
+		if p == "/" {
+			st.Root = hdr.Type
+		}
 		target := ""
 		if dst != "" {
 			target = filepath.Join(dst, filepath.FromSlash(p))
@@ -126,7 +140,7 @@ func unpack(br io.Reader, hr *hashReader, dst string) (st NarStats, err error) {
 			dirs[p] = true
 			if target != "" {
 				if err := os.Mkdir(target, 0o755); err != nil {
-					return st, fmt.Errorf("unpack: %w", err)
+					return st, &WriteError{Err: err}
 				}
 				dirOrder = append(dirOrder, target)
 			}
@@ -134,7 +148,7 @@ func unpack(br io.Reader, hr *hashReader, dst string) (st NarStats, err error) {
 			st.Symlinks++
 			if target != "" {
 				if err := os.Symlink(hdr.LinkTarget, target); err != nil {
-					return st, fmt.Errorf("unpack: %w", err)
+					return st, &WriteError{Err: err}
 				}
 			}
 		case nar.TypeRegular:
@@ -150,6 +164,10 @@ func unpack(br io.Reader, hr *hashReader, dst string) (st NarStats, err error) {
 				mode = 0o555
 			}
 			n, err := writeFile(target, mode, nr, buf)
+			var we *WriteError
+			if errors.As(err, &we) {
+				return st, err
+			}
 			if err != nil {
 				return st, fmt.Errorf("unpack %s: %w", p, err)
 			}
@@ -164,7 +182,7 @@ func unpack(br io.Reader, hr *hashReader, dst string) (st NarStats, err error) {
 	// more needs to be created in it.
 	for _, d := range slices.Backward(dirOrder) {
 		if err := os.Chmod(d, 0o555); err != nil {
-			return st, fmt.Errorf("unpack: %w", err)
+			return st, &WriteError{Err: err}
 		}
 	}
 	return st, nil

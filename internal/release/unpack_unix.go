@@ -20,15 +20,22 @@ import (
 func writeFile(target string, mode os.FileMode, r io.Reader, buf []byte) (int64, error) {
 	fd, err := syscall.Open(target, syscall.O_WRONLY|syscall.O_CREAT|syscall.O_EXCL|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, uint32(mode))
 	if err != nil {
-		return 0, &os.PathError{Op: "open", Path: target, Err: err}
+		return 0, &WriteError{Err: &os.PathError{Op: "open", Path: target, Err: err}}
 	}
 	n, err := io.CopyBuffer(fdWriter(fd), r, buf)
+	var we *WriteError
+	if errors.As(err, &we) {
+		syscall.Close(fd)
+		return n, err
+	}
 	if err == nil && umask()&uint32(mode) != 0 {
 		// The umask took bits cages need (e.g. umask 077): set them.
-		err = syscall.Fchmod(fd, uint32(mode))
+		if err = syscall.Fchmod(fd, uint32(mode)); err != nil {
+			err = &WriteError{Err: &os.PathError{Op: "chmod", Path: target, Err: err}}
+		}
 	}
 	if cerr := syscall.Close(fd); err == nil && cerr != nil {
-		err = &os.PathError{Op: "close", Path: target, Err: cerr}
+		err = &WriteError{Err: &os.PathError{Op: "close", Path: target, Err: cerr}}
 	}
 	return n, err
 }
@@ -43,7 +50,7 @@ func (w fdWriter) Write(p []byte) (int, error) {
 			continue
 		}
 		if err != nil {
-			return done, err
+			return done, &WriteError{Err: err}
 		}
 		done += n
 	}

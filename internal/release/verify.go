@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nix-community/go-nix/pkg/nar"
 	"github.com/nix-community/go-nix/pkg/narinfo"
 	nixsig "github.com/nix-community/go-nix/pkg/narinfo/signature"
 	"github.com/nix-community/go-nix/pkg/storepath"
@@ -207,6 +208,11 @@ func (r *Release) OpenNAR(ctx context.Context, p PathInfo, ni *narinfo.NarInfo) 
 		return &limitedReader{r: f, c: f, left: int64(p.NarSize), name: ni.URL}, nil
 	}
 	xr, err := openXZ(ctx, f)
+	var le *localError
+	if errors.As(err, &le) {
+		f.Close()
+		return nil, fmt.Errorf("nar of %s: %w", p.Path, err)
+	}
 	if err != nil {
 		f.Close()
 		return nil, refuse("nar of %s: %v", p.Path, err)
@@ -301,6 +307,11 @@ func (r *Release) Unpack(ctx context.Context, p PathInfo, dst string) (NarStats,
 	if errors.Is(err, ErrTooLarge) {
 		return st, refuse("nar of %s is larger than its NarSize %d", p.Path, p.NarSize)
 	}
+	var we *WriteError
+	if errors.As(err, &we) {
+		// Our disk, not the release: an I/O failure, never a verdict.
+		return st, fmt.Errorf("unpack %s: %w", p.Path, err)
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return st, ctx.Err()
@@ -313,6 +324,9 @@ func (r *Release) Unpack(ctx context.Context, p PathInfo, dst string) (NarStats,
 	}
 	if !bytes.Equal(st.Digest, want) {
 		return st, refuse("nar of %s hashes to %s, manifest says %s", p.Path, formatNarHash(st.Digest), p.NarHash)
+	}
+	if p.Path == r.Manifest.Top && st.Root != nar.TypeDirectory {
+		return st, refuse("%v", TopNotDirectory(p.Path, string(st.Root)))
 	}
 	return st, nil
 }
@@ -327,6 +341,14 @@ func (c ctxReader) Read(p []byte) (int, error) {
 		return 0, err
 	}
 	return c.r.Read(p)
+}
+
+// TopNotDirectory is the reason a release whose top is not a directory is
+// refused: every cage binds top at /nix/tools, and a bind follows a link on
+// the host, so a top that is a symlink (to "/", say) would show every cage
+// the host's root.
+func TopNotDirectory(top, kind string) error {
+	return fmt.Errorf("top %s is a %s, not a directory: every cage binds top at /nix/tools, and a bind of a link would follow it on the host; publish a directory (e.g. a buildEnv) as top", top, kind)
 }
 
 // CheckCacheInfo refuses caches made for another store directory.

@@ -56,7 +56,9 @@ func startXZ(ctx context.Context, path string, r io.Reader) (io.ReadCloser, erro
 		return nil, err
 	}
 	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start xz: %w", err)
+		// This machine could not run the decoder (fork limit, ...): not
+		// a verdict on the release.
+		return nil, &localError{fmt.Errorf("start xz: %w", err)}
 	}
 	return &xzProc{cmd: cmd, out: out, stderr: &stderr}, nil
 }
@@ -89,3 +91,9 @@ func (x *xzProc) Close() error {
 	_ = x.wait()
 	return nil
 }
+
+// localError is a failure of this machine while reading a release, which
+// callers must not report as a refusal.
+type localError struct{ error }
+
+func (e *localError) Unwrap() error { return e.error }

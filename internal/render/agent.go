@@ -77,34 +77,51 @@ func (r *renderer) agent(a *config.Agent) error {
 	svc.add(
 		"MemoryMax", a.Resources.Memory,
 		"TasksMax", strconv.Itoa(a.Resources.Tasks),
-		"Restart", "on-failure",
-		"RestartSec", "5",
-		"LimitCORE", "0",
 	)
+	if r.run == nil {
+		svc.add("Restart", "on-failure", "RestartSec", "5")
+	} else {
+		// A throw-away cage runs its command once: restarting it would run
+		// the user's command again behind their back.
+		svc.add("Restart", "no")
+	}
+	svc.add("LimitCORE", "0")
 	if a.Resources.CPU != "" {
 		svc.add("CPUQuota", a.Resources.CPU)
 	}
-	deps := strings.Join([]string{
+	depUnits := []string{
 		paths.Instance(paths.NetnsTemplate, a.Name),
 		paths.Instance(paths.PrepTemplate, a.Name),
 		paths.Instance(paths.ProxySocketTpl, a.Name),
 		paths.Instance(paths.DNSSocketTpl, a.Name),
-	}, " ")
-	r.unit(paths.Instance(paths.AgentTemplate, a.Name),
-		sec("Unit",
-			"Description", fmt.Sprintf("nixcage agent %s (%s backend)", a.Name, a.Backend),
-			"Requires", deps,
-			"After", deps,
-			// No namespace, no agent: if it goes away the cage must stop
-			// rather than end up somewhere with a route.
-			"BindsTo", paths.Instance(paths.NetnsTemplate, a.Name),
-			"PartOf", paths.TargetUnit,
-			"ConditionPathExists", "!"+paths.QuarantineMark(a.Name),
-			"StartLimitIntervalSec", "60",
-			"StartLimitBurst", "5",
-		),
-		svc,
+	}
+	if a.Backend == config.BackendService {
+		// systemd binds the store itself: check first (see templates).
+		// nspawn and podman resolve their binds in their own wrapper.
+		depUnits = append(depUnits, paths.Instance(paths.BindsTemplate, a.Name))
+	}
+	deps := strings.Join(depUnits, " ")
+	desc := fmt.Sprintf("nixcage agent %s (%s backend)", a.Name, a.Backend)
+	if r.run != nil {
+		desc = fmt.Sprintf("nixcage throw-away cage %s (%s backend)", a.Name, a.Backend)
+	}
+	unitSec := sec("Unit",
+		"Description", desc,
+		"Requires", deps,
+		"After", deps,
+		// No namespace, no agent: if it goes away the cage must stop
+		// rather than end up somewhere with a route.
+		"BindsTo", paths.Instance(paths.NetnsTemplate, a.Name),
 	)
+	if r.run == nil {
+		unitSec.add("PartOf", paths.TargetUnit)
+	}
+	unitSec.add(
+		"ConditionPathExists", "!"+paths.QuarantineMark(a.Name),
+		"StartLimitIntervalSec", "60",
+		"StartLimitBurst", "5",
+	)
+	r.unit(paths.Instance(paths.AgentTemplate, a.Name), unitSec, svc)
 	return nil
 }
 
@@ -153,21 +170,18 @@ func (r *renderer) cageBinds(a *config.Agent) [][3]string {
 func stateDir(ws string) string { return strings.TrimPrefix(ws, "/var/lib/") }
 
 // withStoreBinds wraps a container manager's command line so that the store
-// binds whose sources exist are added when the cage starts: nspawn and podman
-// refuse a missing source, and the store has no current generation until
-// the first release is applied. prefix are the words before which the binds
-// go (the program and, for podman, its subcommand); rest are the others.
-// Evaluated at each start, so a restart after an apply picks up the tools.
-func (r *renderer) withStoreBinds(a *config.Agent, format string, prefix, rest []string) string {
+// binds are decided when the cage starts, by `cagectl store binds`: it
+// resolves ROOT/nix/store and current/top without following any link out
+// of the store (a store with such a link makes the start fail) and prints
+// the binds whose sources exist (nspawn and podman refuse a missing source,
+// and the store has no current generation until the first release). The
+// resolved paths hold no symlink, so the bind cannot be redirected either.
+// prefix are the words before which the binds go (the program and, for
+// podman, its subcommand); rest are the others. Evaluated at each start, so
+// a restart after an apply picks up the tools.
+func (r *renderer) withStoreBinds(a *config.Agent, backend string, prefix, rest []string) string {
 	var script strings.Builder
-	script.WriteString("b=; ")
-	for _, bind := range r.cageBinds(a) {
-		if bind[2] != "-" {
-			continue
-		}
-		fmt.Fprintf(&script, "if [ -e %s ]; then b=\"$b %s\"; fi; ", bind[0], fmt.Sprintf(format, bind[0]+":"+bind[1]))
-	}
-	script.WriteString("exec")
+	fmt.Fprintf(&script, "b=$('%s' store binds --store '%s' --for %s) || exit 1; exec", r.bin("cagectl"), r.storeRoot(), backend)
 	for _, w := range prefix {
 		script.WriteString(" '" + w + "'")
 	}
@@ -194,9 +208,10 @@ func (r *renderer) serviceBackend(a *config.Agent) section {
 	for _, kv := range cageEnv(a) {
 		s.add("Environment", quoteArg(kv[0]+"="+kv[1]))
 	}
+	if r.run == nil {
+		s.add("StateDirectory", stateDir(a.Workspace), "StateDirectoryMode", "0700")
+	}
 	s.add(
-		"StateDirectory", stateDir(a.Workspace),
-		"StateDirectoryMode", "0700",
 		"WorkingDirectory", paths.CageWorkspace,
 		// systemd 252 does not replace / with TemporaryFileSystem=/ unless
 		// RootDirectory= is set (found by checks/system): the skeleton is
@@ -207,7 +222,11 @@ func (r *renderer) serviceBackend(a *config.Agent) section {
 	for _, b := range r.cageBinds(a) {
 		s.add("BindReadOnlyPaths", b[2]+b[0]+":"+b[1])
 	}
-	s.add("BindPaths", a.Workspace+":"+paths.CageWorkspace)
+	if r.run == nil {
+		s.add("BindPaths", a.Workspace+":"+paths.CageWorkspace)
+	} else {
+		s.add(r.run.serviceBinds()...)
+	}
 	s.add(serviceView(a)...)
 	s.add(baseHardening()...)
 	s.add(
@@ -236,28 +255,38 @@ func (r *renderer) serviceBackend(a *config.Agent) section {
 // a volatile tmpfs root holding only the host's /usr, and its own PID, IPC,
 // UTS, cgroup and mount namespaces. nspawn itself needs root to set that up.
 func (r *renderer) nspawnBackend(a *config.Agent) section {
-	base := strconv.Itoa(r.userNSBase(a.Name))
+	users := "--private-users=" + strconv.Itoa(r.userNSBase(a.Name)) + ":65536"
+	if r.run != nil {
+		// A throw-away cage has no workspace of its own to own, and its
+		// name is not in the config the ranges are allocated from: nspawn
+		// picks a free range (below the fixed ones) and locks it.
+		users = "--private-users=pick"
+	}
 	argv := []string{
 		"--quiet", "--register=no", "--keep-unit",
 		"--directory=/", "--volatile=yes",
 		// A fixed range, the same at every start, so the workspace can be
-		// owned by the cage's root (base) on the host. No idmap on the
+		// owned by the cage's root on the host. No idmap on the
 		// workspace bind: with it, nspawn 252 maps the cage's root to the
 		// host's root, and a setuid file the cage made there was the host's
 		// root for any local user (issue 21). ownership=off: the volatile
 		// root is a fresh tmpfs and /usr is read-only.
-		"--private-users=" + base + ":65536", "--private-users-ownership=off",
+		users, "--private-users-ownership=off",
 		"--resolv-conf=off", "--timezone=off", "--link-journal=no",
 		"--drop-capability=all", "--no-new-privileges=yes",
 		// nspawn's own filter allows io_uring, whose opcodes bypass the
 		// unit's RestrictAddressFamilies=; a unit-level SystemCallFilter=
 		// makes nspawn itself fail (exit 255). cage-seal refuses it too.
 		"--system-call-filter=~" + ioURing,
-		"--as-pid2", "--console=pipe",
+		"--as-pid2", "--console=" + r.run.console(),
 		"--machine=nixcage-" + a.Name,
 		"--chdir=" + paths.CageWorkspace,
-		"--bind=" + a.Workspace + ":" + paths.CageWorkspace,
 		"--bind-ro=" + r.bin("cage-seal") + ":" + paths.CageSeal,
+	}
+	if r.run == nil {
+		argv = append(argv, "--bind="+a.Workspace+":"+paths.CageWorkspace)
+	} else {
+		argv = append(argv, r.run.nspawnArgs()...)
 	}
 	for _, b := range r.cageBinds(a) {
 		if b[2] == "" {
@@ -268,7 +297,7 @@ func (r *renderer) nspawnBackend(a *config.Agent) section {
 		argv = append(argv, "--setenv="+kv[0]+"="+kv[1])
 	}
 	argv = append(append(argv, "--", paths.CageSeal, "--"), a.Command...)
-	cmd := r.withStoreBinds(a, "--bind-ro=%s", []string{r.o.Nspawn}, argv)
+	cmd := r.withStoreBinds(a, config.BackendNspawn, []string{r.o.Nspawn}, argv)
 	// Placeholders come from the EnvironmentFile; ${VAR} is expanded by
 	// systemd, so they reach the container without being rendered here.
 	// They go first: everything after "--" is the agent's command.
@@ -289,11 +318,22 @@ func (r *renderer) nspawnBackend(a *config.Agent) section {
 		// namespace, it lacks the privilege to (found by checks/system).
 		"NetworkNamespacePath", paths.NetnsPath(a.Name),
 		"EnvironmentFile", filepath.Join(paths.Runtime(a.Name), "agent.env"),
+	)
+	s.add(
 		"Delegate", "yes",
 		"KillMode", "mixed",
 		"DevicePolicy", "closed",
 		"KeyringMode", "private",
-		"ProtectHome", "yes",
+	)
+	if r.run == nil {
+		s.add("ProtectHome", "yes")
+	} else {
+		// /home stays hidden from nspawn itself except for exactly the
+		// directories bound into the cage.
+		s.add("ProtectHome", "tmpfs")
+		s.add(r.run.hostBinds()...)
+	}
+	s.add(
 		"PrivateTmp", "yes",
 		"ProtectKernelModules", "yes",
 		"ProtectClock", "yes",
@@ -403,7 +443,7 @@ func (r *renderer) podmanBackend(a *config.Agent) section {
 	argv = append(append(argv, paths.CageSeal, "--"), a.Command...)
 	s := sec("Service",
 		"Type", "exec",
-		"ExecStart", r.withStoreBinds(a, "--volume=%s:ro", []string{r.o.Podman, "--runtime", "runc", "run"}, argv),
+		"ExecStart", r.withStoreBinds(a, config.BackendPodman, []string{r.o.Podman, "--runtime", "runc", "run"}, argv),
 		"ExecStopPost", "-"+quoteCmd([]string{r.o.Podman, "rm", "--force", "--ignore", name}),
 		"Environment", "CONTAINERS_CONF="+filepath.Join(r.o.Prefix, paths.PodmanConf),
 		"Delegate", "yes",

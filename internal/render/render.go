@@ -9,7 +9,6 @@
 package render
 
 import (
-	"bytes"
 	"fmt"
 	"io"
 	"os"
@@ -26,14 +25,22 @@ import (
 type Options struct {
 	// Prefix is where the rendered tree is installed ("/etc" or "/run");
 	// units reference their configuration under it.
-	Prefix string
+	Prefix string `json:"prefix"`
 	// BinDir holds caged, cagectl and cage-egress.
-	BinDir string
+	BinDir string `json:"bindir"`
 	// Tools are absolute paths of the host programs units run.
-	IP, Nspawn, Podman, Tmpfiles string
+	IP       string `json:"ip"`
+	Nspawn   string `json:"nspawn"`
+	Podman   string `json:"podman"`
+	Tmpfiles string `json:"tmpfiles"`
 	// CagedConfig is the configuration caged reads; empty means the
 	// canonical JSON this render writes.
-	CagedConfig string
+	CagedConfig string `json:"caged_config,omitempty"`
+	// CagedUnits is caged's --units in its rendered unit: "os" (default;
+	// the whole tree is installed with it) or "render" (only caged's unit,
+	// the bus policy and the config are installed; caged renders the rest
+	// into /run).
+	CagedUnits string `json:"caged_units,omitempty"`
 }
 
 // DefaultOptions fit a Debian-like host where nixcage was installed to
@@ -64,6 +71,9 @@ func Render(cfg *config.Config, o Options) ([]File, error) {
 	if !filepath.IsAbs(o.Prefix) || !filepath.IsAbs(o.BinDir) {
 		return nil, fmt.Errorf("render: prefix %q and bindir %q must be absolute", o.Prefix, o.BinDir)
 	}
+	if o.CagedUnits != "" && o.CagedUnits != "os" && o.CagedUnits != "render" {
+		return nil, fmt.Errorf("render: caged units %q: use \"os\" (the whole tree is installed) or \"render\" (caged renders agents into /run)", o.CagedUnits)
+	}
 	r := &renderer{cfg: cfg, o: o}
 	if err := r.all(); err != nil {
 		return nil, err
@@ -76,6 +86,7 @@ type renderer struct {
 	cfg   *config.Config
 	o     Options
 	files []File
+	run   *Throwaway // set when rendering a throw-away cage
 }
 
 func (r *renderer) add(path string, mode os.FileMode, data []byte) {
@@ -143,10 +154,10 @@ func Write(dir string, files []File) (changed []string, err error) {
 		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 			return changed, fmt.Errorf("write %s: %w", f.Path, err)
 		}
+		if upToDate(dst, f) {
+			continue
+		}
 		if f.Link != "" {
-			if cur, err := os.Readlink(dst); err == nil && cur == f.Link {
-				continue
-			}
 			tmp := dst + ".nixcage-tmp"
 			os.Remove(tmp)
 			if err := os.Symlink(f.Link, tmp); err != nil {
@@ -157,11 +168,6 @@ func Write(dir string, files []File) (changed []string, err error) {
 			}
 			changed = append(changed, f.Path)
 			continue
-		}
-		if cur, err := os.ReadFile(dst); err == nil && bytes.Equal(cur, f.Data) {
-			if st, err := os.Lstat(dst); err == nil && st.Mode().Perm() == f.Mode.Perm() {
-				continue
-			}
 		}
 		tmp, err := os.CreateTemp(filepath.Dir(dst), ".nixcage-*")
 		if err != nil {

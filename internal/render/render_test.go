@@ -289,7 +289,7 @@ agent "n" {
 	if setenv < 0 || dashdash < 0 || setenv > dashdash {
 		t.Fatalf("placeholder not among nspawn's options:\n%s", exec)
 	}
-	if !strings.Contains(exec, `exec '/usr/bin/systemd-nspawn' $$b \"$$@\"`) || !strings.Contains(exec, "[ -e /var/lib/nixcage/store/current/top ]") {
+	if !strings.Contains(exec, `exec '/usr/bin/systemd-nspawn' $$b \"$$@\"`) || !strings.Contains(exec, `b=$$('/usr/local/bin/cagectl' store binds --store '/var/lib/nixcage/store' --for nspawn) || exit 1`) {
 		t.Fatalf("store binds wrapper missing:\n%s", exec)
 	}
 	if !strings.Contains(unit, "NetworkNamespacePath=/run/netns/nixcage-n\n") || strings.Contains(exec, "--network-namespace-path") {

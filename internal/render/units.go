@@ -2,12 +2,22 @@ package render
 
 import (
 	"encoding/json"
+	"encoding/xml"
 	"fmt"
 	"path/filepath"
 	"strings"
 
 	"github.com/nixcage/nixcage/internal/config"
 	"github.com/nixcage/nixcage/internal/paths"
+)
+
+// The gateway's resource ceiling (cage-egress@.service). Its own bounds keep
+// it far below: TestFloodRSS measures the peak RSS under a flood of every
+// kind at the default limits (docs/egress.md, "Limits").
+const (
+	gatewayMemoryMax  = "512M"
+	gatewayGoMemLimit = "384MiB"
+	gatewayTasksMax   = "128"
 )
 
 func (r *renderer) bin(name string) string { return filepath.Join(r.o.BinDir, name) }
@@ -17,6 +27,13 @@ func (r *renderer) cagedConfig() string {
 		return r.o.CagedConfig
 	}
 	return filepath.Join(r.o.Prefix, "nixcage", "nixcage.json")
+}
+
+func (r *renderer) cagedUnits() string {
+	if r.o.CagedUnits != "" {
+		return r.o.CagedUnits
+	}
+	return "os"
 }
 
 // caged runs as root because it writes the shared store and asks systemd to
@@ -34,10 +51,10 @@ func (r *renderer) caged() {
 		// writable under ProtectSystem=strict; create it with full
 		// privileges ("+") so ReadWritePaths= below can open it up.
 		"ExecStartPre", "+/bin/mkdir -p /run/tmpfiles.d",
-		// The units were rendered together with this one, so caged only
-		// manages their lifecycle ("os"); `--units render` is for a caged
+		// By default the units were rendered together with this one, so
+		// caged only manages their lifecycle ("os"); "render" is for a caged
 		// installed alone that renders into /run itself.
-		"ExecStart", quoteCmd([]string{r.bin("caged"), "--config", r.cagedConfig(), "--units", "os"}),
+		"ExecStart", quoteCmd([]string{r.bin("caged"), "--config", r.cagedConfig(), "--units", r.cagedUnits()}),
 		// Re-read the config and reconcile, synchronously, over the bus
 		// (minimal hosts have no kill(1); SIGHUP does the same).
 		"ExecReload", quoteCmd([]string{r.bin("cagectl"), "reload"}),
@@ -54,7 +71,11 @@ func (r *renderer) caged() {
 		"RuntimeDirectoryPreserve", "yes",
 		// "-": a store root that does not exist yet must not keep caged
 		// from starting (the default one lies inside StateDirectory=).
-		"ReadWritePaths", "-"+storeRoot+" -/run/systemd/system -/run/tmpfiles.d",
+		// `cagectl apply-config` has caged install a new config: the
+		// config itself and, with --units os, the tree rendered under /etc.
+		// (caged can already write units systemd runs as root, under /run;
+		// /etc adds no privilege, only persistence.)
+		"ReadWritePaths", "-"+storeRoot+" -/run/systemd/system -/run/tmpfiles.d -/etc/nixcage -/etc/systemd/system -/etc/tmpfiles.d",
 		"PrivateNetwork", "no", // fetches releases by URL
 		"RestrictAddressFamilies", "AF_UNIX AF_INET AF_INET6",
 		"IPAddressDeny", "link-local multicast",
@@ -150,15 +171,8 @@ func (r *renderer) templates() {
 		"StateDirectoryMode", "0755",
 	)
 	prep.add(baseHardening()...)
+	prep.add(offlineHelper()...)
 	prep.add(
-		"PrivateNetwork", "yes",
-		"RestrictAddressFamilies", "AF_UNIX",
-		"CapabilityBoundingSet", "",
-		"SystemCallFilter", "@system-service",
-		"SystemCallFilter", denySyscalls,
-		"MemoryDenyWriteExecute", "yes",
-		"DevicePolicy", "closed",
-		"IPAddressDeny", "any",
 		// The prepare step writes the CA key (0600) and placeholders; the
 		// agent's workspace is created here so its owner can be fixed later.
 		"UMask", "0022",
@@ -166,6 +180,30 @@ func (r *renderer) templates() {
 	r.unit(paths.PrepTemplate,
 		sec("Unit", append([]string{"Description", "nixcage prepare cage %i (CA, placeholders, resolv.conf)"}, shutdown...)...),
 		prep,
+	)
+
+	// Run again at every start of a service-backend agent (a oneshot that
+	// does not remain active is restarted by each Requires=): systemd binds
+	// the store sources itself and follows links on the host, so this
+	// refuses the start when a link leads out of the store. Not an
+	// ExecStartPre=+ of the agent: "+" lifts the sandbox but not
+	// RootDirectory=, and in the skeleton root the store is not there to
+	// check (found by checks/system).
+	binds := sec("Service",
+		"Type", "oneshot",
+		"ExecStart", quoteCmd([]string{r.bin("cagectl"), "store", "binds", "--store", r.storeRoot(), "--for", "service"}),
+	)
+	binds.add(baseHardening()...)
+	binds.add(offlineHelper()...)
+	r.unit(paths.BindsTemplate,
+		sec("Unit",
+			"Description", "nixcage store bind check for cage %i (no link out of the store)",
+			"DefaultDependencies", "no",
+			"Conflicts", "shutdown.target",
+			"Before", "shutdown.target",
+			"After", "local-fs.target",
+		),
+		binds,
 	)
 
 	deps := strings.Join([]string{paths.Instance(paths.NetnsTemplate, "%i"), paths.Instance(paths.PrepTemplate, "%i")}, " ")
@@ -202,7 +240,10 @@ func (r *renderer) templates() {
 
 	sockets := paths.Instance(paths.ProxySocketTpl, "%i") + " " + paths.Instance(paths.DNSSocketTpl, "%i")
 	svc := sec("Service",
-		"Type", "simple",
+		// The gateway says READY=1 only once it holds its credentials and
+		// listeners: a start or restart job fails, instead of reporting
+		// "done", when a (rotated) secret cannot be loaded.
+		"Type", "notify",
 		"ExecStart", join(r.bin("cage-egress"), "--config", paths.EgressConfig(r.o.Prefix, "%i")),
 		"Sockets", sockets,
 		"DynamicUser", "yes",
@@ -228,6 +269,16 @@ func (r *renderer) templates() {
 		"MemoryDenyWriteExecute", "yes",
 		"DevicePolicy", "closed",
 		"LimitNOFILE", "65536",
+		// The cage must not be able to take the host's memory through its
+		// gateway: the gateway bounds what it holds (max_tunnels slots,
+		// read timeouts, HTTP/2 stream and window limits; docs/egress.md
+		// states the measured bound), and the kernel enforces a ceiling
+		// above that. GOMEMLIMIT makes the Go GC work harder well before it.
+		// An OOM kill fails closed: the cage loses the network, the open
+		// tunnels' audit records are already written.
+		"MemoryMax", gatewayMemoryMax,
+		"Environment", "GOMEMLIMIT="+gatewayGoMemLimit,
+		"TasksMax", gatewayTasksMax,
 	)
 	r.unit(paths.EgressTemplate,
 		sec("Unit",
@@ -242,27 +293,59 @@ func (r *renderer) templates() {
 func (r *renderer) dbusPolicy() {
 	// Everyone may call; caged authorizes each method from the caller's
 	// uid and groups against the declared accounts. Only root may own the
-	// name, so nobody can impersonate caged.
-	const policy = `<?xml version="1.0"?>
+	// name, so nobody can impersonate caged. Signals carrying audit data
+	// may be received only by root and the declared accounts: caged
+	// addresses each to subscribers allowed to view that agent, and this
+	// refusal holds even if a signal were broadcast or a host allowed
+	// eavesdropping. The accounts come from the config, so the file must
+	// be re-installed when they change (dbus-daemon reloads it itself).
+	var deny, allow strings.Builder
+	for _, sig := range paths.BusAuditSignals {
+		fmt.Fprintf(&deny, "    <deny receive_interface=%q receive_member=%q/>\n", paths.BusIface, sig)
+		fmt.Fprintf(&allow, "    <allow receive_interface=%q receive_member=%q/>\n", paths.BusIface, sig)
+	}
+	var b strings.Builder
+	b.WriteString(`<?xml version="1.0"?>
 <!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-BUS Bus Configuration 1.0//EN"
  "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
 <!-- Rendered by cagectl render. caged checks every method against the
-     declared accounts; this file only decides who may own and reach the name. -->
+     declared accounts; this file decides who may own and reach the name,
+     and who may receive signals carrying audit data (root and the
+     declared accounts; caged narrows that to each account's agents). -->
 <busconfig>
   <policy user="root">
     <allow own="org.nixcage.cage1"/>
     <allow send_destination="org.nixcage.cage1"/>
-  </policy>
+` + allow.String() + `  </policy>
   <policy context="default">
     <allow send_destination="org.nixcage.cage1" send_interface="org.freedesktop.DBus.Introspectable"/>
     <allow send_destination="org.nixcage.cage1" send_interface="org.freedesktop.DBus.Properties"/>
     <allow send_destination="org.nixcage.cage1" send_interface="org.freedesktop.DBus.Peer"/>
     <allow send_destination="org.nixcage.cage1" send_interface="org.nixcage.cage1.Manager"/>
     <allow send_destination="org.nixcage.cage1" send_interface="org.nixcage.cage1.Agent"/>
-  </policy>
-</busconfig>
-`
-	r.add("dbus-1/system.d/"+paths.BusName+".conf", 0o644, []byte(policy))
+` + deny.String() + `  </policy>
+`)
+	// Every role may view audit records, so every account may receive.
+	seen := map[string]bool{}
+	for _, a := range r.cfg.Accounts {
+		attr, who := "user", a.User
+		if who == "" {
+			attr, who = "group", a.Group
+		}
+		if who == "" || seen[attr+"="+who] {
+			continue
+		}
+		seen[attr+"="+who] = true
+		fmt.Fprintf(&b, "  <policy %s=\"%s\">\n%s  </policy>\n", attr, xmlText(who), allow.String())
+	}
+	b.WriteString("</busconfig>\n")
+	r.add("dbus-1/system.d/"+paths.BusName+".conf", 0o644, []byte(b.String()))
+}
+
+func xmlText(s string) string {
+	var b strings.Builder
+	xml.EscapeText(&b, []byte(s))
+	return b.String()
 }
 
 // tmpfiles creates the directories units expect before any of them runs,
@@ -285,7 +368,7 @@ func (r *renderer) tmpfiles() {
 	// unprivileged host uid of the cage's own range; service workspaces are
 	// StateDirectory= of their dynamic user.
 	for _, a := range r.cfg.Agents {
-		if a.Backend != config.BackendService {
+		if a.Backend != config.BackendService && r.run == nil {
 			base := r.userNSBase(a.Name)
 			fmt.Fprintf(&b, "d %s 0700 %d %d -\n", a.Workspace, base, base)
 		}
@@ -294,7 +377,9 @@ func (r *renderer) tmpfiles() {
 	// systemd could create them, but podman's container root (a mapped
 	// uid) cannot write to a root-owned directory.
 	skeleton(&b, paths.CageRootfs)
-	skeleton(&b, paths.PodmanRootfs, paths.CageSeal)
+	if r.run == nil { // throw-away cages are never podman cages
+		skeleton(&b, paths.PodmanRootfs, paths.CageSeal)
+	}
 	r.add(paths.TmpfilesConf, 0o644, []byte(b.String()))
 	// podman's default sysctls (net.ipv4.ping_group_range) cannot be set in
 	// a namespace the container does not own.
@@ -302,7 +387,7 @@ func (r *renderer) tmpfiles() {
 }
 
 func skeleton(b *strings.Builder, root string, files ...string) {
-	for _, d := range []string{"", "/usr", "/etc", "/etc/nixcage", "/nix", "/nix/store", "/nix/tools", "/workspace", "/tmp", "/proc", "/sys", "/dev", "/run", "/var", "/var/tmp"} {
+	for _, d := range []string{"", "/usr", "/etc", "/etc/nixcage", "/nix", "/nix/store", "/nix/tools", "/workspace", "/mnt", "/tmp", "/proc", "/sys", "/dev", "/run", "/var", "/var/tmp"} {
 		fmt.Fprintf(b, "d %s%s 0755 root root -\n", root, d)
 	}
 	for _, l := range []string{"bin", "sbin", "lib", "lib64"} {
@@ -335,6 +420,21 @@ func marshal(v any) ([]byte, error) {
 
 // join renders a command line of nixcage's own words, which may carry
 // specifiers such as %i on purpose.
+// offlineHelper confines a helper that needs no network, no capability and
+// no device: the prepare step and the store bind check.
+func offlineHelper() []string {
+	return []string{
+		"PrivateNetwork", "yes",
+		"RestrictAddressFamilies", "AF_UNIX",
+		"CapabilityBoundingSet", "",
+		"SystemCallFilter", "@system-service",
+		"SystemCallFilter", denySyscalls,
+		"MemoryDenyWriteExecute", "yes",
+		"DevicePolicy", "closed",
+		"IPAddressDeny", "any",
+	}
+}
+
 func join(argv ...string) string { return strings.Join(argv, " ") }
 
 // quoteCmd renders argv for Exec*= lines: every word double-quoted, with

@@ -11,8 +11,10 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/nix-community/go-nix/pkg/nar"
@@ -37,6 +39,9 @@ type Result struct {
 	Pruned     []uint64
 	Collected  []string
 	Phases     []Phase // wall time per step, for operators and benchmarks
+	// Warnings are failures after the commit point: the generation is
+	// current all the same (cleanup, or recording the counter, failed).
+	Warnings []string
 }
 
 // Phase is the duration of one step of an apply.
@@ -70,7 +75,7 @@ func (s *Store) Apply(ctx context.Context, src release.Source) (*Result, error) 
 	}
 	defer unlock()
 	if err := s.recoverLocked(); err != nil {
-		return nil, err
+		return nil, storageFailure("recover", err)
 	}
 	highest, err := s.Highest()
 	if err != nil {
@@ -110,7 +115,7 @@ func (s *Store) Apply(ctx context.Context, src release.Source) (*Result, error) 
 	for _, p := range m.Paths {
 		if h, ok := known[p.Name()]; ok {
 			if !sameHash(h, p.NarHash) {
-				return nil, fmt.Errorf("release refused: %s is already in the store with NarHash %s, the release says %s", p.Path, h, p.NarHash)
+				return nil, &release.Refusal{Reason: fmt.Sprintf("%s is already in the store with NarHash %s, the release says %s", p.Path, h, p.NarHash)}
 			}
 			if _, err := os.Lstat(filepath.Join(s.storeDir(), p.Name())); err == nil {
 				res.Reused++
@@ -132,13 +137,20 @@ func (s *Store) Apply(ctx context.Context, src release.Source) (*Result, error) 
 		total += int64(p.NarSize)
 	}
 
+	if err := s.checkPresentTop(m, todo); err != nil {
+		return nil, err
+	}
 	phase("verify-manifest")
 	tmp, err := os.MkdirTemp(s.root, tmpPrefix+strconv.FormatUint(m.Generation, 10)+"-")
 	if err != nil {
-		return nil, fmt.Errorf("create work directory: %w", err)
+		return nil, storageFailure("create work directory", err)
 	}
 	defer removeAll(tmp)
 	if err := s.unpackAll(ctx, rel, todo, tmp, total); err != nil {
+		var we *release.WriteError
+		if errors.As(err, &we) {
+			return nil, storageFailure("unpack", err)
+		}
 		return nil, err
 	}
 	res.Added, res.Bytes = len(todo), total
@@ -148,36 +160,41 @@ func (s *Store) Apply(ctx context.Context, src release.Source) (*Result, error) 
 	// One syncfs makes every unpacked byte durable before any path gets its
 	// real name; cheaper than an fsync per file.
 	if err := syncFS(tmp); err != nil {
-		return nil, err
+		return nil, storageFailure("syncfs", err)
 	}
 	phase("syncfs")
 	s.progress(Progress{Phase: "switch", Done: len(todo), Total: len(todo), Bytes: total, TotalBytes: total})
 	for _, p := range todo {
 		crashPoint("rename-path")
 		if err := renameDir(filepath.Join(tmp, p.Name()), filepath.Join(s.storeDir(), p.Name())); err != nil {
-			return nil, fmt.Errorf("move %s into the store: %w", p.Name(), err)
+			return nil, storageFailure("move "+p.Name()+" into the store", err)
 		}
 	}
 	if err := release.SyncDir(s.storeDir()); err != nil {
-		return nil, err
+		return nil, storageFailure("sync nix/store", err)
 	}
 	crashPoint("paths-in-place")
 
 	if err := s.writeGeneration(rel); err != nil {
-		return nil, err
+		return nil, storageFailure("write generation", err)
 	}
 	crashPoint("generation-written")
-	if err := s.switchCurrent(m.Generation); err != nil {
-		return nil, err
+	// The commit point: the rename of current. Before it every failure
+	// leaves the previous generation current (and is reported as such);
+	// after it the new generation is current whatever else fails, so
+	// nothing below may turn the apply into an error.
+	committed, err := s.switchCurrent(m.Generation)
+	if !committed {
+		return nil, storageFailure("switch current", err)
+	}
+	if err != nil {
+		res.Warnings = append(res.Warnings, fmt.Sprintf("generation %d is current, but syncing the store root failed (%v): a power loss now may bring back generation %d", m.Generation, err, prev))
 	}
 	crashPoint("switched")
-	st, err := s.readState()
-	if err != nil {
-		return nil, err
-	}
-	st.Highest = m.Generation
-	if err := s.writeState(st); err != nil {
-		return nil, fmt.Errorf("record generation: %w", err)
+	// state.json only caches the counter: Highest and recovery derive it
+	// from current too, so failing to write it loses nothing.
+	if err := s.recordHighest(m.Generation); err != nil {
+		res.Warnings = append(res.Warnings, fmt.Sprintf("generation %d is current, but recording it in %s failed (%v); the next apply, rollback, gc or caged start records it", m.Generation, stateFile, err))
 	}
 	phase("switch")
 	crashPoint("recorded")
@@ -187,16 +204,90 @@ func (s *Store) Apply(ctx context.Context, src release.Source) (*Result, error) 
 	phase("prune")
 	res.Phases = phases
 	if err != nil {
-		// The release is active; only cleanup failed.
-		return res, fmt.Errorf("generation %d is active, but cleanup failed: %w", m.Generation, err)
+		res.Warnings = append(res.Warnings, fmt.Sprintf("generation %d is current, but cleanup failed (%v); `cagectl store gc` retries it", m.Generation, err))
+	}
+	for _, w := range res.Warnings {
+		s.log.Warn("store: " + w)
 	}
 	return res, nil
+}
+
+// recordHighest raises state.json's counter to n (never lowers it).
+func (s *Store) recordHighest(n uint64) error {
+	st, err := s.readState()
+	if err != nil {
+		return err
+	}
+	if st.Highest >= n {
+		return nil
+	}
+	st.Highest = n
+	return s.writeState(st)
+}
+
+// StorageError is an apply, rollback or gc that failed on the store's own
+// file system (out of space or inodes, read-only, an I/O error) before its
+// commit point: a fault of this machine, not a verdict on the release. The
+// previous generation is still current and verifies; the same release can
+// be applied again once the cause is fixed.
+type StorageError struct {
+	Step string
+	Err  error
+}
+
+func (e *StorageError) Error() string {
+	hint := ""
+	if errors.Is(e.Err, syscall.ENOSPC) || errors.Is(e.Err, syscall.EDQUOT) {
+		hint = "; free space or inodes on the store's file system (df -h, df -i) and apply again"
+	}
+	return fmt.Sprintf("store I/O failure at %s, nothing was switched: %v%s", e.Step, e.Err, hint)
+}
+
+func (e *StorageError) Unwrap() error { return e.Err }
+
+func storageFailure(step string, err error) error {
+	var se *StorageError
+	if err == nil || errors.As(err, &se) {
+		return err
+	}
+	return &StorageError{Step: step, Err: err}
 }
 
 func (s *Store) progress(p Progress) {
 	if s.opts.Progress != nil {
 		s.opts.Progress(p)
 	}
+}
+
+// checkPresentTop refuses a release whose top is already in the store (an
+// older generation listed it as an ordinary member) and is not a directory.
+// A top about to be unpacked is checked by release.Unpack from its NAR.
+func (s *Store) checkPresentTop(m *release.Manifest, todo []release.PathInfo) error {
+	for _, p := range todo {
+		if p.Path == m.Top {
+			return nil
+		}
+	}
+	fi, err := os.Lstat(filepath.Join(s.storeDir(), strings.TrimPrefix(m.Top, "/nix/store/")))
+	if err != nil {
+		return fmt.Errorf("check top: %w", err)
+	}
+	if !fi.IsDir() {
+		return &release.Refusal{Reason: release.TopNotDirectory(m.Top, fileKind(fi.Mode())).Error()}
+	}
+	return nil
+}
+
+func fileKind(m fs.FileMode) string {
+	switch {
+	case m&fs.ModeSymlink != 0:
+		return "symlink"
+	case m.IsRegular():
+		return "regular file"
+	case m.IsDir():
+		return "directory"
+	}
+	return m.Type().String()
 }
 
 // sameHash compares two NAR hashes by digest, whatever their encoding.
@@ -295,6 +386,9 @@ func (s *Store) unpackAll(ctx context.Context, rel *release.Release, todo []rele
 				p := todo[i]
 				_, err := rel.Unpack(ctx, p, filepath.Join(tmp, p.Name()))
 				mu.Lock()
+				if err == nil {
+					crashPoint("unpacked-path")
+				}
 				if err != nil {
 					if firstErr == nil || errors.Is(firstErr, context.Canceled) {
 						firstErr = err

@@ -3,11 +3,13 @@ package store
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nixcage/nixcage/internal/release"
 )
@@ -162,5 +164,49 @@ func TestVerifyDetectsTampering(t *testing.T) {
 	rep, err := s.Verify(context.Background(), false)
 	if err == nil || len(rep.Problems) != 1 || !strings.Contains(rep.Problems[0].Reason, "content differs") {
 		t.Fatalf("verify after tampering: %v %v", err, rep.Problems)
+	}
+}
+
+// A mirror that keeps serving the last good release freezes the channel:
+// the current generation ages past its expiry. Freshness and Verify say
+// so: expiring within the window, then expired (Verify fails with
+// ErrExpired while the content still verifies).
+func TestFreshnessReportsFrozenChannel(t *testing.T) {
+	f := getFixture(t)
+	root := filepath.Join(t.TempDir(), "root")
+	now := time.Now()
+	clock := now
+	s := f.open(t, root, func(o *Options) {
+		o.ExpiryWarning = 7 * 24 * time.Hour
+		o.Now = func() time.Time { return clock }
+	})
+	if fr, err := s.Freshness(); err != nil || fr.State != FreshNone {
+		t.Fatalf("empty store: %+v %v", fr, err)
+	}
+	expires := now.Add(10 * 24 * time.Hour).UTC().Truncate(time.Second)
+	rel := f.release(t, f.relB, nil, func(m *release.Manifest) { m.Generation = 1; m.Expires = expires })
+	if _, err := applyDir(t, s, rel); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		at   time.Duration
+		want string
+	}{{0, FreshOK}, {4 * 24 * time.Hour, FreshExpiring}, {10 * 24 * time.Hour, FreshExpired}, {40 * 24 * time.Hour, FreshExpired}} {
+		clock = now.Add(c.at)
+		fr, err := s.Freshness()
+		if err != nil || fr.State != c.want || !fr.Expires.Equal(expires) || fr.Generation != 1 {
+			t.Fatalf("at +%v: %+v %v, want %s", c.at, fr, err, c.want)
+		}
+		rep, err := s.Verify(context.Background(), false)
+		if c.want == FreshExpired {
+			if !errors.Is(err, ErrExpired) || !strings.Contains(err.Error(), "frozen") {
+				t.Fatalf("verify of an expired generation: %v", err)
+			}
+		} else if err != nil {
+			t.Fatalf("verify at +%v: %v", c.at, err)
+		}
+		if rep.Freshness.State != c.want {
+			t.Fatalf("verify report freshness %+v", rep.Freshness)
+		}
 	}
 }

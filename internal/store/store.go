@@ -50,6 +50,10 @@ type Options struct {
 	Threshold     int                  // distinct trusted keys that must sign; default 1
 	Keep          int                  // generations kept (current included); default 3
 	Workers       int                  // parallel NAR unpackers; default max(2, GOMAXPROCS)
+	// ExpiryWarning is how long before its release expires the current
+	// generation is reported as expiring (store.expiry_warning; its default
+	// is config.DefaultExpiryWarning). Zero reports only expired.
+	ExpiryWarning time.Duration
 	Now           func() time.Time
 	Logger        *slog.Logger
 	Progress      func(Progress) // called from one goroutine at a time
@@ -349,8 +353,10 @@ func (s *Store) recoverLocked() error {
 	if cur > st.Highest {
 		s.log.Info("store: recording generation switched before a crash", "generation", cur)
 		st.Highest = cur
+		// Only a cache (Highest derives the counter from current too): a
+		// full disk here must not stop the store from working.
 		if err := s.writeState(st); err != nil {
-			return fmt.Errorf("recover: %w", err)
+			s.log.Warn("store: could not record the current generation", "generation", cur, "err", err)
 		}
 	}
 	ns, err := s.generations()
@@ -369,17 +375,20 @@ func (s *Store) recoverLocked() error {
 }
 
 // switchCurrent points current at generation n with a rename, the only
-// atomic way to replace a symlink.
-func (s *Store) switchCurrent(n uint64) error {
+// atomic way to replace a symlink. committed reports whether the rename
+// happened: an error with committed set is a failed sync of the root after
+// it, and generation n is current all the same.
+func (s *Store) switchCurrent(n uint64) (committed bool, _ error) {
 	tmp := filepath.Join(s.root, ".tmp-current")
 	_ = os.Remove(tmp)
 	if err := os.Symlink(genDir+"/"+strconv.FormatUint(n, 10), tmp); err != nil {
-		return fmt.Errorf("switch generation: %w", err)
+		return false, fmt.Errorf("switch generation: %w", err)
 	}
 	if err := os.Rename(tmp, filepath.Join(s.root, currentLink)); err != nil {
-		return fmt.Errorf("switch generation: %w", err)
+		_ = os.Remove(tmp)
+		return false, fmt.Errorf("switch generation: %w", err)
 	}
-	return release.SyncDir(s.root)
+	return true, release.SyncDir(s.root)
 }
 
 // pruneLocked removes generations beyond Keep (never current) and then
@@ -490,7 +499,7 @@ func (s *Store) Rollback(ctx context.Context, to uint64) (from uint64, _ uint64,
 	}
 	defer unlock()
 	if err := s.recoverLocked(); err != nil {
-		return 0, 0, err
+		return 0, 0, storageFailure("recover", err)
 	}
 	from, err = s.Current()
 	if err != nil {
@@ -525,8 +534,15 @@ func (s *Store) Rollback(ctx context.Context, to uint64) (from uint64, _ uint64,
 			return from, 0, fmt.Errorf("generation %d is incomplete (%s missing); run `cagectl store verify`", to, p.Name())
 		}
 	}
-	if err := s.switchCurrent(to); err != nil {
-		return from, 0, err
+	// Lowering current must not lower the counter, which Highest derives
+	// from current too: record it first, or do not switch.
+	if err := s.recordHighest(from); err != nil {
+		return from, 0, storageFailure("record generation before rollback", err)
+	}
+	if committed, err := s.switchCurrent(to); !committed {
+		return from, 0, storageFailure("switch current", err)
+	} else if err != nil {
+		s.log.Warn("store: rollback switched, but syncing the store root failed", "err", err)
 	}
 	s.log.Warn("store: rollback by operator", "from", from, "to", to)
 	return from, to, nil

@@ -447,3 +447,137 @@ func TestPresentPathWithOtherHashRefused(t *testing.T) {
 		t.Fatal("store changed")
 	}
 }
+
+// narRoot is a NAR whose root entry is a single node: narRoot("symlink",
+// "target", "/") or narRoot("regular", "contents", "...").
+func narRoot(typ, key, value string) []byte {
+	var b bytes.Buffer
+	for _, s := range []string{"nix-archive-1", "(", "type", typ, key, value, ")"} {
+		narStr(&b, s)
+	}
+	return b.Bytes()
+}
+
+// A malicious publisher signs a release whose top is a symlink to "/":
+// were it accepted, every cage's /nix/tools bind would follow it on the
+// host and show the host's root. apply and `release verify` refuse it; a
+// top that is a regular file too.
+func TestTopNotDirectoryRefused(t *testing.T) {
+	f := getFixture(t)
+	for name, nar := range map[string][]byte{
+		"SymlinkToRoot": narRoot("symlink", "target", "/"),
+		"SymlinkUp":     narRoot("symlink", "target", "../../.."),
+		"RegularFile":   narRoot("regular", "contents", "#!/bin/sh\n"),
+	} {
+		t.Run(name, func(t *testing.T) {
+			root := filepath.Join(t.TempDir(), "root")
+			s := f.open(t, root, nil)
+			if _, err := applyDir(t, s, f.relA); err != nil {
+				t.Fatal(err)
+			}
+			before := snapshot(t, root)
+			dir := craftedRelease(t, f, 2, nar)
+			_, err := applyDir(t, s, dir)
+			var ref *release.Refusal
+			if !errors.As(err, &ref) || !strings.Contains(err.Error(), "not a directory") {
+				t.Fatalf("apply of a release whose top is not a directory: %v", err)
+			}
+			if snapshot(t, root) != before {
+				t.Fatal("store changed by a refused release")
+			}
+			rel, err := release.Open(context.Background(), release.DirSource(dir), release.Policy{Keys: []*release.PublicKey{f.pub}})
+			must(t, err)
+			if _, err := rel.VerifyAll(context.Background(), 1); err == nil || !strings.Contains(err.Error(), "not a directory") {
+				t.Fatalf("release verify: %v", err)
+			}
+		})
+	}
+}
+
+// A store whose top was turned into a link after apply (what an apply by an
+// older build would have left, or tampering) fails `store verify`, and the
+// bind sources refuse to resolve, so a cage does not start on it.
+func TestTamperedTopRefusedAtBind(t *testing.T) {
+	f := getFixture(t)
+	root := filepath.Join(t.TempDir(), "root")
+	s := f.open(t, root, nil)
+	if _, err := applyDir(t, s, f.relA); err != nil {
+		t.Fatal(err)
+	}
+	b, err := ResolveBinds(root)
+	must(t, err)
+	if b.Tools != filepath.Join(root, "nix/store", filepath.Base(f.topA)) || b.Store != filepath.Join(root, "nix/store") {
+		t.Fatalf("bind sources %+v", b)
+	}
+	if _, err := s.Verify(context.Background(), true); err != nil {
+		t.Fatal(err)
+	}
+	for _, openat2 := range []bool{true, false} {
+		useOpenat2 = openat2
+		t.Run(map[bool]string{true: "openat2", false: "layout"}[openat2], func(t *testing.T) { testTamperedTop(t, s, root) })
+	}
+	useOpenat2 = true
+}
+
+func testTamperedTop(t *testing.T, s *Store, root string) {
+	if _, err := ResolveBinds(root); err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.manifest(1)
+	must(t, err)
+	top := filepath.Join(s.storeDir(), filepath.Base(m.Top))
+	gen := s.genPath(1)
+	for name, tamper := range map[string]func(){
+		"StorePathIsLinkToRoot": func() {
+			must(t, renameDir(top, top+".saved"))
+			must(t, os.Symlink("/", top))
+		},
+		"TopLinkToHostEtc": func() {
+			must(t, os.Chmod(gen, 0o755))
+			must(t, os.Remove(filepath.Join(gen, topLink)))
+			must(t, os.Symlink("/etc", filepath.Join(gen, topLink)))
+		},
+		"TopLinkAboveRoot": func() {
+			must(t, os.Chmod(gen, 0o755))
+			must(t, os.Remove(filepath.Join(gen, topLink)))
+			must(t, os.Symlink("../../../../../../etc", filepath.Join(gen, topLink)))
+		},
+		"TopLinkInsideRootOutsideStore": func() {
+			must(t, os.Chmod(gen, 0o755))
+			must(t, os.Remove(filepath.Join(gen, topLink)))
+			must(t, os.Symlink("..", filepath.Join(gen, topLink)))
+		},
+		"NixStoreIsLink": func() {
+			must(t, os.Rename(s.storeDir(), s.storeDir()+".saved"))
+			must(t, os.Symlink("/", s.storeDir()))
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			saved := snapshot(t, root)
+			tamper()
+			defer func() {
+				// Undo: restore the tree exactly as applied.
+				_ = os.Remove(top)
+				if _, err := os.Lstat(top + ".saved"); err == nil {
+					must(t, renameDir(top+".saved", top))
+				}
+				if fi, err := os.Lstat(s.storeDir()); err == nil && fi.Mode()&fs.ModeSymlink != 0 {
+					must(t, os.Remove(s.storeDir()))
+					must(t, os.Rename(s.storeDir()+".saved", s.storeDir()))
+				}
+				_ = os.Remove(filepath.Join(gen, topLink))
+				must(t, os.Symlink("../../nix/store/"+filepath.Base(m.Top), filepath.Join(gen, topLink)))
+				must(t, os.Chmod(gen, 0o755))
+				if snapshot(t, root) != saved {
+					t.Fatal("could not undo the tampering")
+				}
+			}()
+			if _, err := ResolveBinds(root); !errors.Is(err, ErrEscapes) {
+				t.Fatalf("bind sources of a tampered store: %v", err)
+			}
+			if _, err := s.Verify(context.Background(), false); !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("store verify of a tampered store: %v", err)
+			}
+		})
+	}
+}

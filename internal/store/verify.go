@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/nixcage/nixcage/internal/release"
 )
@@ -32,7 +33,12 @@ type VerifyReport struct {
 	Paths       int
 	Bytes       int64
 	Problems    []Problem
+	Freshness   Freshness // of the current generation
 }
+
+// ErrExpired is returned (wrapped) by Verify when the store is intact but
+// the current generation's release has expired.
+var ErrExpired = errors.New("the current generation's release has expired")
 
 // ErrCorrupt is returned (wrapped) when Verify found problems.
 var ErrCorrupt = errors.New("store does not match its manifests")
@@ -72,8 +78,8 @@ func (s *Store) Verify(ctx context.Context, all bool) (*VerifyReport, error) {
 				rep.Problems = append(rep.Problems, Problem{Generation: n, Reason: p})
 			}
 		}
-		if t, err := os.Readlink(filepath.Join(s.genPath(n), topLink)); err != nil || filepath.Base(t) != filepath.Base(m.Top) {
-			rep.Problems = append(rep.Problems, Problem{Generation: n, Reason: "top link does not name " + m.Top})
+		if reason := s.verifyTop(n, m); reason != "" {
+			rep.Problems = append(rep.Problems, Problem{Generation: n, Reason: reason})
 		}
 		for _, p := range m.Paths {
 			if err := ctx.Err(); err != nil {
@@ -90,10 +96,40 @@ func (s *Store) Verify(ctx context.Context, all bool) (*VerifyReport, error) {
 			rep.Bytes += int64(p.NarSize)
 		}
 	}
+	if cur != 0 {
+		// What a cage would bind, resolved as the bind wrapper does.
+		if _, err := ResolveBinds(s.root); err != nil {
+			rep.Problems = append(rep.Problems, Problem{Generation: cur, Reason: err.Error()})
+		}
+	}
 	if len(rep.Problems) > 0 {
 		return rep, fmt.Errorf("%w: %d problem(s)", ErrCorrupt, len(rep.Problems))
 	}
+	if rep.Freshness, err = s.Freshness(); err != nil {
+		return rep, err
+	}
+	if rep.Freshness.State == FreshExpired {
+		return rep, fmt.Errorf("%w: %s", ErrExpired, rep.Freshness.Message())
+	}
 	return rep, nil
+}
+
+// verifyTop checks generations/N/top is exactly the relative link apply
+// writes and that it names a directory: a top that is a link would take a
+// cage's /nix/tools bind wherever it points on the host.
+func (s *Store) verifyTop(n uint64, m *release.Manifest) string {
+	name := strings.TrimPrefix(m.Top, "/nix/store/")
+	if t, err := os.Readlink(filepath.Join(s.genPath(n), topLink)); err != nil || t != "../../nix/store/"+name {
+		return "top link does not name " + m.Top
+	}
+	fi, err := os.Lstat(filepath.Join(s.storeDir(), name))
+	if err != nil {
+		return "top " + m.Top + " is missing"
+	}
+	if !fi.IsDir() {
+		return release.TopNotDirectory(m.Top, fileKind(fi.Mode())).Error()
+	}
+	return ""
 }
 
 func (s *Store) checkSignatures(n uint64) string {

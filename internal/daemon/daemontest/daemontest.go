@@ -6,6 +6,7 @@ package daemontest
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -32,8 +33,11 @@ type Caged struct {
 	Bus    *bustest.Bus
 	SD     *fakesd.Systemd
 	Users  bus.UserDB
-	cancel context.CancelFunc
-	done   chan error
+	// Contained, if set, is called when a quarantined agent is down and
+	// cut off, before its evidence is copied (daemon.Options.Contained).
+	Contained func(agent string)
+	cancel    context.CancelFunc
+	done      chan error
 }
 
 // Start writes cfg (HCL) to a file and starts caged in render mode.
@@ -53,7 +57,7 @@ func Start(t testing.TB, cfg string) *Caged {
 
 // WriteConfig replaces the config file (caged reads it on Reload).
 func (c *Caged) WriteConfig(cfg string) {
-	if err := os.WriteFile(c.Config, []byte(cfg), 0o644); err != nil {
+	if err := os.WriteFile(c.Config, []byte(cfg+callerAccount()), 0o644); err != nil {
 		c.t.Fatal(err)
 	}
 }
@@ -73,6 +77,11 @@ func (c *Caged) Restart() {
 		Config: c.Config, Units: reconcile.ModeRender, Bus: c.Bus.Address, Systemd: c.Bus.Address,
 		Root: c.Root, BinDir: "/usr/local/bin", Users: c.Users, PollInterval: PollInterval,
 		Ready: func() { close(ready) }, Log: lg,
+		Contained: func(agent string) {
+			if c.Contained != nil {
+				c.Contained(agent)
+			}
+		},
 	}
 	go func() { c.done <- daemon.Serve(ctx, o) }()
 	select {
@@ -106,6 +115,26 @@ func (c *Caged) Client() *bus.Client {
 	}
 	c.t.Cleanup(func() { cl.Close() })
 	return cl
+}
+
+// CallerUID is the uid the tests' clients call caged as (this process's).
+func CallerUID() int { return os.Geteuid() }
+
+// callerAccount makes a non-root test process caged's admin, so the tests
+// run unprivileged: as root the caller is admin implicitly (uid 0), as
+// another user it is declared one. Appended to every config the tests
+// write; empty as root, so root runs test the configs exactly as written.
+func callerAccount() string {
+	if CallerUID() == 0 {
+		return ""
+	}
+	return fmt.Sprintf(`
+# daemontest: the test process (not root) is declared admin.
+account "daemontest-caller" {
+  user = "%d"
+  role = "admin"
+}
+`, CallerUID())
 }
 
 // Path maps a host path under the test root.

@@ -15,37 +15,31 @@ import (
 	"time"
 
 	"github.com/coreos/go-systemd/v22/journal"
+
+	"github.com/nixcage/nixcage/internal/auditlog"
 )
 
-// Schema versions the record layout.
-const Schema = 1
+// The record schema is auditlog's: one type for the gateway that writes it,
+// caged that reads it and cagectl that shows it.
+const Schema = auditlog.Schema
 
 // Decisions.
 const (
-	Allowed = "allowed"
-	Flagged = "flagged"
-	Blocked = "blocked"
+	Allowed = auditlog.Allowed
+	Flagged = auditlog.Flagged
+	Blocked = auditlog.Blocked
+)
+
+// Events.
+const (
+	EventRequest = auditlog.EventRequest
+	EventOpen    = auditlog.EventOpen
+	EventClose   = auditlog.EventClose
+	EventSummary = auditlog.EventSummary
 )
 
 // Record is one decision.
-type Record struct {
-	Schema          int      `json:"schema"`
-	TS              string   `json:"ts"`
-	Agent           string   `json:"agent"`
-	Method          string   `json:"method"`
-	Host            string   `json:"host"`
-	Port            int      `json:"port"`
-	Path            string   `json:"path"`
-	Decision        string   `json:"decision"`
-	Reason          string   `json:"reason"`
-	Rule            string   `json:"rule"`
-	Inspectors      []string `json:"inspectors"`
-	SecretsInjected []string `json:"secrets_injected"`
-	SecretsRedacted []string `json:"secrets_redacted"`
-	BytesOut        int64    `json:"bytes_out"`
-	BytesIn         int64    `json:"bytes_in"`
-	DurationMS      int64    `json:"duration_ms"`
-}
+type Record = auditlog.Record
 
 // Logger fans records out to its sinks. Safe for concurrent use.
 type Logger struct {
@@ -53,8 +47,9 @@ type Logger struct {
 	mu      sync.Mutex
 	file    *os.File
 	journal bool
-	// Hook, if set, sees every record (events, tests).
+	// Hook, if set, sees every record written (events, tests).
 	Hook func(Record)
+	bud  budgets
 }
 
 // UnderSystemd reports whether the process was started by systemd with its
@@ -76,8 +71,9 @@ func Open(agent, file string, toJournal bool) (*Logger, error) {
 	return l, nil
 }
 
-// Close closes the file sink.
+// Close writes pending summaries and closes the file sink.
 func (l *Logger) Close() error {
+	l.stopBudgets()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.file == nil {
@@ -93,6 +89,9 @@ func (l *Logger) Close() error {
 func (l *Logger) Log(r Record) error {
 	r.Schema = Schema
 	r.Agent = l.agent
+	if r.Event == "" {
+		r.Event = auditlog.EventRequest
+	}
 	if r.TS == "" {
 		r.TS = time.Now().UTC().Format(time.RFC3339Nano)
 	}
@@ -135,6 +134,8 @@ func Fields(r Record) map[string]string {
 	return map[string]string{
 		"NIXCAGE_SCHEMA":           strconv.Itoa(r.Schema),
 		"NIXCAGE_AGENT":            r.Agent,
+		"NIXCAGE_EVENT":            r.Event,
+		"NIXCAGE_COUNT":            strconv.FormatInt(r.Count, 10),
 		"NIXCAGE_METHOD":           r.Method,
 		"NIXCAGE_HOST":             r.Host,
 		"NIXCAGE_PORT":             strconv.Itoa(r.Port),

@@ -31,7 +31,7 @@ func TestLogWritesOneRecordPerLine(t *testing.T) {
 	if err := json.Unmarshal([]byte(lines[1]), &m); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"schema", "ts", "agent", "method", "host", "port", "path", "decision", "reason", "rule", "inspectors", "secrets_injected", "secrets_redacted", "bytes_out", "bytes_in", "duration_ms"} {
+	for _, k := range []string{"schema", "ts", "agent", "method", "host", "port", "path", "decision", "reason", "rule", "inspectors", "secrets_injected", "secrets_redacted", "bytes_out", "bytes_in", "duration_ms", "event"} {
 		if _, ok := m[k]; !ok {
 			t.Errorf("field %s missing", k)
 		}
@@ -43,7 +43,7 @@ func TestLogWritesOneRecordPerLine(t *testing.T) {
 		t.Fatal("empty lists must be [] not null")
 	}
 	f := Fields(hooked[0])
-	if f["NIXCAGE_DECISION"] != Allowed || f["NIXCAGE_HOST"] != "a.example.com" || len(f) != 15 {
+	if f["NIXCAGE_DECISION"] != Allowed || f["NIXCAGE_HOST"] != "a.example.com" || len(f) != 17 || f["NIXCAGE_EVENT"] != "request" {
 		t.Fatalf("journal fields %v", f)
 	}
 }

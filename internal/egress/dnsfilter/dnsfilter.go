@@ -47,8 +47,8 @@ func Decide(p *policy.Policy, q dns.Question) (bool, string, string) {
 		return false, fmt.Sprintf("class %s refused", dns.ClassToString[q.Qclass]), "dns-class"
 	}
 	maxLabel := p.DNS.MaxLabelLength
-	if maxLabel <= 0 || maxLabel > 63 {
-		maxLabel = 63
+	if maxLabel <= 0 || maxLabel > policy.DefaultMaxLabelLength {
+		maxLabel = policy.DefaultMaxLabelLength
 	}
 	for _, l := range strings.Split(name, ".") {
 		if len(l) > maxLabel {
@@ -85,7 +85,7 @@ func (f *Filter) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 			rec.BytesIn = int64(len(b))
 		}
 		rec.DurationMS = time.Since(start).Milliseconds()
-		_ = f.Audit.Log(rec)
+		_ = f.Audit.LogBudgeted(audit.ClassDNS, rec)
 		_ = w.WriteMsg(m)
 	}
 	if b, err := r.Pack(); err == nil {

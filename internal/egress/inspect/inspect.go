@@ -9,13 +9,13 @@
 package inspect
 
 import (
-	"encoding/base64"
+	"bytes"
 	"fmt"
 	"math"
-	"net/url"
 	"regexp"
 	"strings"
 
+	"github.com/nixcage/nixcage/internal/egress/redact"
 	"github.com/nixcage/nixcage/internal/policy"
 )
 
@@ -32,31 +32,49 @@ type Part struct {
 	Data  []byte
 }
 
-// Value is a real credential to watch for, by name.
-type Value struct {
-	Name  string
-	Value string
-}
-
 // Set is a configured list of inspectors. Immutable after New.
 type Set struct {
-	list         []policy.Inspector
-	realForms    []Value // each real value in every form we look for
-	placeholders []string
+	list []policy.Inspector
+	// real finds every form of every real value (the same list the
+	// response redactor uses); a whole form blocks, a near-match flags.
+	real *redact.Matcher
+	// ph finds placeholders, to mask them and to report which secret's
+	// placeholder a request carries.
+	ph *redact.Matcher
+	// hold is how many bytes a Stream keeps back (see Stream).
+	realHold, phHold, runHold int
 }
 
 // Defaults used when an inspector leaves its parameter at zero.
 const (
-	DefaultEntropyBits   = 4.5
-	DefaultEntropyMinLen = 32
-	DefaultBlobMinLen    = 256
+	DefaultEntropyBits   = policy.DefaultEntropyBits
+	DefaultEntropyMinLen = policy.DefaultEntropyMinLength
+	DefaultBlobMinLen    = policy.DefaultBlobMinLength
 )
+
+// entropyCap is the longest token the entropy check judges whole; a longer
+// one is judged on its first entropyCap bytes, so a stream need hold no more.
+const entropyCap = 1024
+
+// regexSpan bounds how far back a secret pattern is re-searched across
+// chunk boundaries; every pattern's shortest match is shorter.
+const regexSpan = 256
 
 // New validates the inspector list. The real_values check always runs and
 // always blocks, whether listed or not: a real value outbound is never
-// acceptable (THREATS.md).
-func New(list []policy.Inspector, real []Value, placeholders []string) (*Set, error) {
-	s := &Set{placeholders: placeholders}
+// acceptable (THREATS.md). real holds every form of every real value;
+// placeholders maps a secret's name to its placeholder.
+func New(list []policy.Inspector, real *redact.Matcher, placeholders map[string]string) (*Set, error) {
+	s := &Set{real: real}
+	if s.real == nil {
+		s.real = redact.New(nil)
+	}
+	var phForms []redact.Form
+	for name, p := range placeholders {
+		phForms = append(phForms, redact.Form{Secret: name, Kind: "placeholder", Real: []byte(p), Placeholder: bytes.Repeat([]byte(" "), len(p))})
+	}
+	s.ph = redact.New(phForms)
+	s.runHold = max(regexSpan, entropyCap)
 	for _, in := range list {
 		if in.Action != policy.ActionFlag && in.Action != policy.ActionBlock {
 			return nil, fmt.Errorf("inspector %s: action %q, want %q or %q", in.Name, in.Action, policy.ActionFlag, policy.ActionBlock)
@@ -68,22 +86,26 @@ func New(list []policy.Inspector, real []Value, placeholders []string) (*Set, er
 			if in.MaxBytes <= 0 {
 				return nil, fmt.Errorf("inspector body_size: set max_bytes to a positive limit")
 			}
-		case policy.InspectSecretPatterns, policy.InspectEntropy, policy.InspectEncodedBlobs:
+		case policy.InspectEncodedBlobs:
+			s.runHold = max(s.runHold, orInt(in.MinLength, DefaultBlobMinLen))
+		case policy.InspectEntropy:
+			s.runHold = max(s.runHold, orInt(in.MinLength, DefaultEntropyMinLen))
+		case policy.InspectSecretPatterns:
 		default:
 			return nil, fmt.Errorf("unknown inspector %q; known: %s", in.Name, strings.Join(policy.InspectorNames, ", "))
 		}
 		s.list = append(s.list, in)
 	}
-	for _, v := range real {
-		forms := []string{v.Value, base64.StdEncoding.EncodeToString([]byte(v.Value)), base64.RawURLEncoding.EncodeToString([]byte(v.Value))}
-		if q := url.QueryEscape(v.Value); q != v.Value {
-			forms = append(forms, q)
-		}
-		for _, f := range forms {
-			s.realForms = append(s.realForms, Value{Name: v.Name, Value: f})
-		}
-	}
+	s.realHold = max(0, s.real.MaxLen()-1)
+	s.phHold = max(0, s.ph.MaxLen()-1)
 	return s, nil
+}
+
+func orInt(v, d int) int {
+	if v == 0 {
+		return d
+	}
+	return v
 }
 
 // Names lists the inspectors that run, for the audit record.
@@ -95,24 +117,39 @@ func (s *Set) Names() []string {
 	return out
 }
 
-// pattern is a known secret format.
+// Hold is how many bytes a Stream keeps back before releasing them.
+func (s *Set) Hold() int { return max(s.realHold, s.phHold+s.runHold) }
+
+// pattern is a known secret format. A regexp runs only where one of its
+// literal anchors occurs: most bodies contain none, and the regexps (with
+// \b) cost far more than a substring search.
 type pattern struct {
-	name string
-	re   *regexp.Regexp
+	name    string
+	anchors []string
+	re      *regexp.Regexp
 }
 
 var patterns = []pattern{
-	{"anthropic-key", regexp.MustCompile(`sk-ant-[A-Za-z0-9_-]{20,}`)},
-	{"openai-key", regexp.MustCompile(`sk-(?:proj|svcacct|admin)-[A-Za-z0-9_-]{40,}|sk-[A-Za-z0-9]{20}T3BlbkFJ[A-Za-z0-9]{20}`)},
-	{"aws-access-key-id", regexp.MustCompile(`\b(?:AKIA|ASIA)[0-9A-Z]{16}\b`)},
-	{"github-token", regexp.MustCompile(`\bgh[pousr]_[A-Za-z0-9]{36,}`)},
-	{"github-fine-grained-token", regexp.MustCompile(`github_pat_[A-Za-z0-9_]{60,}`)},
-	{"gitlab-token", regexp.MustCompile(`glpat-[A-Za-z0-9_-]{20,}`)},
-	{"slack-token", regexp.MustCompile(`xox[abprs]-[A-Za-z0-9-]{10,}`)},
-	{"google-api-key", regexp.MustCompile(`AIza[0-9A-Za-z_-]{35}`)},
-	{"stripe-key", regexp.MustCompile(`[rs]k_live_[0-9A-Za-z]{20,}`)},
-	{"huggingface-token", regexp.MustCompile(`\bhf_[A-Za-z]{34,}`)},
-	{"private-key", regexp.MustCompile(`-----BEGIN (?:[A-Z]+ )?PRIVATE KEY-----`)},
+	{"anthropic-key", []string{"sk-ant-"}, regexp.MustCompile(`sk-ant-[A-Za-z0-9_-]{20,}`)},
+	{"openai-key", []string{"sk-"}, regexp.MustCompile(`sk-(?:proj|svcacct|admin)-[A-Za-z0-9_-]{40,}|sk-[A-Za-z0-9]{20}T3BlbkFJ[A-Za-z0-9]{20}`)},
+	{"aws-access-key-id", []string{"AKIA", "ASIA"}, regexp.MustCompile(`\b(?:AKIA|ASIA)[0-9A-Z]{16}\b`)},
+	{"github-token", []string{"ghp_", "gho_", "ghu_", "ghs_", "ghr_"}, regexp.MustCompile(`\bgh[pousr]_[A-Za-z0-9]{36,}`)},
+	{"github-fine-grained-token", []string{"github_pat_"}, regexp.MustCompile(`github_pat_[A-Za-z0-9_]{60,}`)},
+	{"gitlab-token", []string{"glpat-"}, regexp.MustCompile(`glpat-[A-Za-z0-9_-]{20,}`)},
+	{"slack-token", []string{"xoxa-", "xoxb-", "xoxp-", "xoxr-", "xoxs-"}, regexp.MustCompile(`xox[abprs]-[A-Za-z0-9-]{10,}`)},
+	{"google-api-key", []string{"AIza"}, regexp.MustCompile(`AIza[0-9A-Za-z_-]{35}`)},
+	{"stripe-key", []string{"k_live_"}, regexp.MustCompile(`[rs]k_live_[0-9A-Za-z]{20,}`)},
+	{"huggingface-token", []string{"hf_"}, regexp.MustCompile(`\bhf_[A-Za-z]{34,}`)},
+	{"private-key", []string{"-----BEGIN "}, regexp.MustCompile(`-----BEGIN (?:[A-Z]+ )?PRIVATE KEY-----`)},
+}
+
+func (p *pattern) anchored(b []byte) bool {
+	for _, a := range p.anchors {
+		if bytes.Contains(b, []byte(a)) {
+			return true
+		}
+	}
+	return false
 }
 
 // Byte classes for the scanners below (hand-written rather than regexps:
@@ -128,97 +165,20 @@ func init() {
 	}
 }
 
-// runs calls f for every maximal run of bytes in class; f returns false to
-// stop.
-func runs(b []byte, class *[256]bool, f func([]byte) bool) {
-	start := -1
-	for i := 0; i <= len(b); i++ {
-		in := i < len(b) && class[b[i]]
-		if in && start < 0 {
-			start = i
-		} else if !in && start >= 0 {
-			if !f(b[start:i]) {
-				return
-			}
-			start = -1
-		}
-	}
-}
-
-func longest(b []byte, class *[256]bool) int {
-	n := 0
-	runs(b, class, func(r []byte) bool { n = max(n, len(r)); return true })
-	return n
-}
-
-// Inspect runs every inspector over parts and returns the findings in
-// inspector order. An empty result means the request may proceed.
-func (s *Set) Inspect(parts []Part) []Finding {
+// Inspect runs every inspector over whole parts (URL, headers) and returns
+// the findings. An empty result means the request may proceed. Placeholder
+// names seen are in the second result.
+func (s *Set) Inspect(parts []Part) ([]Finding, []string) {
 	var out []Finding
-	// Real values first, on the unmasked text.
+	var phs []string
 	for _, p := range parts {
-		for _, v := range s.realForms {
-			if strings.Contains(string(p.Data), v.Value) {
-				out = append(out, Finding{policy.InspectRealValues, policy.ActionBlock, fmt.Sprintf("real value of secret %s in %s", v.Name, p.Where)})
-				break
-			}
-		}
+		st := s.NewStream(p.Where)
+		st.Write(p.Data)
+		st.Close()
+		out = append(out, st.Findings()...)
+		phs = append(phs, st.Placeholders()...)
 	}
-	masked := make([]Part, len(parts))
-	for i, p := range parts {
-		masked[i] = Part{p.Where, s.mask(p.Data)}
-	}
-	for _, in := range s.list {
-		switch in.Name {
-		case policy.InspectSecretPatterns:
-			for _, p := range masked {
-				for _, pat := range patterns {
-					if pat.re.Match(p.Data) {
-						out = append(out, Finding{in.Name, in.Action, fmt.Sprintf("%s pattern in %s", pat.name, p.Where)})
-					}
-				}
-			}
-		case policy.InspectBodySize:
-			for _, p := range masked {
-				if p.Where == "body" && int64(len(p.Data)) > in.MaxBytes {
-					out = append(out, Finding{in.Name, in.Action, fmt.Sprintf("body of %d bytes exceeds %d", len(p.Data), in.MaxBytes)})
-				}
-			}
-		case policy.InspectEntropy:
-			bits := in.Threshold
-			if bits == 0 {
-				bits = DefaultEntropyBits
-			}
-			minLen := in.MinLength
-			if minLen == 0 {
-				minLen = DefaultEntropyMinLen
-			}
-			for _, p := range masked {
-				runs(p.Data, &tokenByte, func(tok []byte) bool {
-					if len(tok) >= minLen {
-						if e := Entropy(tok); e >= bits {
-							out = append(out, Finding{in.Name, in.Action, fmt.Sprintf("high-entropy token (%.1f bits/byte, %d bytes) in %s", e, len(tok), p.Where)})
-							return false
-						}
-					}
-					return true
-				})
-			}
-		case policy.InspectEncodedBlobs:
-			minLen := in.MinLength
-			if minLen == 0 {
-				minLen = DefaultBlobMinLen
-			}
-			for _, p := range masked {
-				if n := longest(p.Data, &hexByte); n >= minLen {
-					out = append(out, Finding{in.Name, in.Action, fmt.Sprintf("hex run of %d bytes in %s", n, p.Where)})
-				} else if n := longest(p.Data, &b64Byte); n >= minLen {
-					out = append(out, Finding{in.Name, in.Action, fmt.Sprintf("base64 run of %d bytes in %s", n, p.Where)})
-				}
-			}
-		}
-	}
-	return out
+	return out, phs
 }
 
 // Blocked reports whether any finding blocks.
@@ -229,21 +189,6 @@ func Blocked(fs []Finding) bool {
 		}
 	}
 	return false
-}
-
-func (s *Set) mask(b []byte) []byte {
-	str := string(b)
-	changed := false
-	for _, p := range s.placeholders {
-		if strings.Contains(str, p) {
-			str = strings.ReplaceAll(str, p, " ")
-			changed = true
-		}
-	}
-	if !changed {
-		return b
-	}
-	return []byte(str)
 }
 
 // Entropy is the Shannon entropy of b in bits per byte.

@@ -5,18 +5,28 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nixcage/nixcage/internal/egress/redact"
 	"github.com/nixcage/nixcage/internal/policy"
 )
 
+func realMatcher(t testing.TB, real, ph string) *redact.Matcher {
+	t.Helper()
+	fs, err := redact.Forms("anthropic", real, ph)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return redact.New(fs)
+}
+
 func TestInspect(t *testing.T) {
 	real := "sk-ant-api03-REALVALUEabcdefghijklmnopqrstuvwxyz012345"
-	ph := "sk-ant-api03-PLACEHOLDERqwertyuiopasdfghjklzxcvbnm0"
+	ph := "sk-ant-api03-PLACEHOLDERqwertyuiopasdfghjklzxcvbnm0123"
 	set, err := New([]policy.Inspector{
 		{Name: policy.InspectSecretPatterns, Action: policy.ActionBlock},
 		{Name: policy.InspectBodySize, Action: policy.ActionFlag, MaxBytes: 100},
 		{Name: policy.InspectEntropy, Action: policy.ActionFlag},
 		{Name: policy.InspectEncodedBlobs, Action: policy.ActionFlag, MinLength: 64},
-	}, []Value{{Name: "anthropic", Value: real}}, []string{ph})
+	}, realMatcher(t, real, ph), map[string]string{"anthropic": ph})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +47,7 @@ func TestInspect(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			fs := set.Inspect([]Part{{Where: c.where, Data: []byte(c.data)}})
+			fs, _ := set.Inspect([]Part{{Where: c.where, Data: []byte(c.data)}})
 			var got []string
 			for _, f := range fs {
 				got = append(got, f.Inspector)
@@ -62,4 +72,56 @@ func TestNewRejects(t *testing.T) {
 			t.Errorf("%s: accepted", name)
 		}
 	}
+}
+
+// A part fed in small chunks gets the verdict it gets whole, and what a
+// Stream releases is exactly what was written, in order, unless blocked.
+func TestStreamChunkedAgreesWithWhole(t *testing.T) {
+	real := "sk-ant-api03-REALVALUEabcdefghijklmnopqrstuvwxyz012345"
+	ph := "sk-ant-api03-PLACEHOLDERqwertyuiopasdfghjklzxcvbnm0123"
+	set, err := New([]policy.Inspector{
+		{Name: policy.InspectSecretPatterns, Action: policy.ActionBlock},
+		{Name: policy.InspectEntropy, Action: policy.ActionFlag},
+		{Name: policy.InspectEncodedBlobs, Action: policy.ActionFlag, MinLength: 64},
+	}, realMatcher(t, real, ph), map[string]string{"anthropic": ph})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pad := strings.Repeat("plain words and more words ", 200)
+	for _, data := range []string{
+		pad + ph + pad,
+		pad + real + pad,
+		pad + base64.StdEncoding.EncodeToString([]byte("u:"+real)) + pad,
+		pad + "AKIAIOSFODNN7EXAMPLE " + pad,
+		pad + strings.Repeat("0123456789abcdef", 8) + pad,
+		pad + "q7Lk2mZ9vR4tW8yB1nC6xJ3hF5gD0sA2pE7uI9oK4" + pad,
+	} {
+		whole, _ := set.Inspect([]Part{{Where: "body", Data: []byte(data)}})
+		for _, step := range []int{1, 7, 100, 4096} {
+			st := set.NewStream("body")
+			var out []byte
+			for i := 0; i < len(data); i += step {
+				out = append(out, st.Write([]byte(data[i:min(i+step, len(data))]))...)
+			}
+			out = append(out, st.Close()...)
+			if got, want := names(st.Findings()), names(whole); got != want {
+				t.Fatalf("step %d: findings %s, whole %s", step, got, want)
+			}
+			if st.Blocked() {
+				if strings.Contains(string(out), "AKIAIOSF") || strings.Contains(string(out), real[13:30]) {
+					t.Fatalf("step %d: a blocked stream released its offending bytes", step)
+				}
+			} else if string(out) != data {
+				t.Fatalf("step %d: released %d bytes, not the %d written", step, len(out), len(data))
+			}
+		}
+	}
+}
+
+func names(fs []Finding) string {
+	var out []string
+	for _, f := range fs {
+		out = append(out, f.Inspector+"/"+f.Action)
+	}
+	return strings.Join(out, ",")
 }

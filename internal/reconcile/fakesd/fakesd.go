@@ -346,10 +346,18 @@ func (m manager) FreezeUnit(name string) *dbus.Error {
 	if s.NoFreeze {
 		return &dbus.Error{Name: "org.freedesktop.DBus.Error.NotSupported", Body: []any{"Unit does not support freeze"}}
 	}
-	if st := s.state(name); st.active == "active" {
-		s.set(name, "active", "frozen")
+	st := s.state(name)
+	if st.active != "active" {
+		return unitInactive()
 	}
+	s.set(name, "active", "frozen")
 	return nil
+}
+
+// unitInactive is systemd's refusal to freeze or thaw a unit that is not
+// running (bus_unit_method_freezer_generic, -EHOSTDOWN).
+func unitInactive() *dbus.Error {
+	return &dbus.Error{Name: "org.freedesktop.systemd1.UnitInactive", Body: []any{"Unit is inactive."}}
 }
 
 func (m manager) ThawUnit(name string) *dbus.Error {
@@ -357,7 +365,11 @@ func (m manager) ThawUnit(name string) *dbus.Error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.record("ThawUnit %s", name)
-	if st := s.state(name); st.sub == "frozen" {
+	st := s.state(name)
+	if st.active != "active" {
+		return unitInactive()
+	}
+	if st.sub == "frozen" {
 		s.set(name, "active", "running")
 	}
 	return nil

@@ -1,6 +1,7 @@
 // Package releasetest builds real Nix store paths and Nix-written binary
 // caches for tests of internal/release, internal/store and cagectl. Tests
-// that use it skip (or, in CI, fail) when nix-bin is not installed.
+// that use it skip when not root (they write to the host's /nix/store) and
+// skip (or, with a tier switched on, fail) when nix-bin is not installed.
 package releasetest
 
 import (
@@ -19,17 +20,38 @@ import (
 	"github.com/nixcage/nixcage/internal/testenv"
 )
 
-// RequireNix skips unless nix-store and nix are installed.
+// RequireNix skips unless the test runs as root and nix-store, nix and
+// nix-build are installed.
 func RequireNix(t testing.TB) {
 	t.Helper()
+	testenv.RequireRoot(t, "the test adds paths to the host's /nix/store, which Debian's nix-bin (single-user Nix) lets only root write")
 	testenv.LookPath(t, "nix-store")
 	testenv.LookPath(t, "nix")
 	testenv.LookPath(t, "nix-build")
 }
 
+// NixConfig is the test-scoped Nix configuration: single-user mode, builds
+// run as the calling user (root) without build users. Debian's nix-bin
+// defaults to build-users-group = nixbld but only nix-setup-systemd creates
+// that group; the tests use Nix as it is installed and leave /etc/nix and
+// the host's accounts alone (docs/testing.md). Later lines of NIX_CONFIG
+// win, so this goes last.
+const NixConfig = "build-users-group ="
+
+// Command is exec.Command for a Nix tool with NixConfig in its environment.
+func Command(name string, args ...string) *exec.Cmd {
+	cmd := exec.Command(name, args...)
+	conf := NixConfig
+	if c := os.Getenv("NIX_CONFIG"); c != "" {
+		conf = c + "\n" + NixConfig
+	}
+	cmd.Env = append(os.Environ(), "NIX_CONFIG="+conf)
+	return cmd
+}
+
 func run(t testing.TB, name string, args ...string) string {
 	t.Helper()
-	cmd := exec.Command(name, args...)
+	cmd := Command(name, args...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Run(); err != nil {

@@ -39,6 +39,17 @@ egress_policy "web" {
     hosts  = ["api.example.com"]
     header = "x-api-key"
   }
+  websocket = false
+  http_rule "read-only" {
+    hosts   = ["api.example.com"]
+    methods = ["GET", "HEAD"]
+    action  = "allow"
+  }
+  http_rule "no-admin" {
+    hosts  = ["api.example.com"]
+    paths  = ["/admin/*", "/debug"]
+    action = "deny"
+  }
   unsafe_allow_loopback_upstreams = false
   unsafe_allow_private_upstreams  = true
 }

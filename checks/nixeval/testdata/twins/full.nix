@@ -28,6 +28,9 @@
         maxLabelLength = 40;
       };
       credentials.api = { hosts = [ "api.example.com" ]; header = "x-api-key"; };
+      websocket = false;
+      httpRules.read-only = { hosts = [ "api.example.com" ]; methods = [ "GET" "HEAD" ]; action = "allow"; };
+      httpRules.no-admin = { hosts = [ "api.example.com" ]; paths = [ "/admin/*" "/debug" ]; action = "deny"; };
       unsafeAllowLoopbackUpstreams = false;
       unsafeAllowPrivateUpstreams = true;
     };

@@ -1,0 +1,294 @@
+package system
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/nixcage/nixcage/internal/systest"
+	"github.com/nixcage/nixcage/internal/testenv"
+)
+
+// runConfig: no declared agent is needed for cagectl run; a declared
+// policy, a viewer (nobody) and an operator (runner).
+const runConfig = `
+egress_policy "p" {
+  allow = ["api.example.com"]
+}
+account "viewers" {
+  user = "nobody"
+  role = "viewer"
+}
+account "operators" {
+  user = "runner"
+  role = "operator"
+}
+`
+
+// runJob is the script the cage runs from its workspace: one allowed and
+// one refused request, a file written to the workspace, exit 7.
+const runJob = `#!/bin/sh
+echo "allowed: $(curl -sS -o /dev/null -w '%{http_code}' https://api.example.com/v1/ok)"
+echo "refused: $(curl -sS -o /dev/null -w '%{http_code}' https://evil.example.org/upload 2>&1)"
+echo "uid: $(id -u)"
+echo written > /workspace/out.txt
+exit 7
+`
+
+// TestRunOnSystemd drives cagectl run through caged on the machine's real
+// system bus and systemd: exit status passed through, an allowed and a
+// refused request with the summary and the audit, the workspace written as
+// the caller, the run visible in status while it runs, teardown leaving
+// nothing but the audit, a viewer refused with exit 3, and a real PTY
+// (the test holds the master: typed input, tty inside, Ctrl-C).
+func TestRunOnSystemd(t *testing.T) {
+	testenv.RequireSystem(t)
+	bins := systest.Binaries{
+		"cagectl":     systest.BuildT(t, "./cmd/cagectl"),
+		"caged":       systest.BuildT(t, "./cmd/caged"),
+		"cage-egress": systest.BuildT(t, "./cmd/cage-egress"),
+	}
+	m := systest.BootT(t)
+	in := systest.StartInternetT(t, m)
+	cfg := filepath.Join(t.TempDir(), "run.hcl")
+	os.WriteFile(cfg, []byte(runConfig), 0o644)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	if err := systest.InstallNixcage(ctx, m, bins, cfg, nil); err != nil {
+		t.Fatal(err)
+	}
+	sh := func(script string) string {
+		t.Helper()
+		out, err := m.Shell(ctx, script)
+		if err != nil {
+			t.Fatalf("%s: %v", script, err)
+		}
+		return out
+	}
+	// run returns stdout, stderr and the exit status of a script.
+	run := func(script string) (string, string, int) {
+		t.Helper()
+		cmd := m.Command(ctx, "/bin/sh", "-c", script)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		code := 0
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatalf("%s: %v", script, err)
+		}
+		t.Logf("%s -> exit %d\nstdout:\n%s\nstderr:\n%s", script, code, stdout.String(), stderr.String())
+		return stdout.String(), stderr.String(), code
+	}
+	sh("useradd --no-create-home --uid 1500 runner && systemctl reload dbus && systemctl start nixcage-caged.service")
+	// The workspace lives on a filesystem with ID-mapped mounts (tmpfs
+	// here; the machine's overlayfs root has none), owned by the caller.
+	sh("mkdir -p /var/lib/nixcage/ws && chown runner: /var/lib/nixcage/ws")
+	m.MustWriteFile(t, "/var/lib/nixcage/ws/job.sh", []byte(runJob), 0o755)
+
+	// The run, as the operator: exit status, requests, workspace, summary.
+	stdout, stderr, code := run("cd /var/lib/nixcage/ws && setpriv --reuid=runner --regid=runner --init-groups cagectl run --policy p -- sh job.sh")
+	if code != 7 {
+		t.Fatalf("cagectl run exited %d, want the command's 7", code)
+	}
+	for _, want := range []string{"allowed: 200", "uid: 1500"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("cage output lacks %q", want)
+		}
+	}
+	if strings.Contains(stdout, "refused: 200") {
+		t.Errorf("the refused host answered:\n%s", stdout)
+	}
+	for _, want := range []string{"/var/lib/nixcage/ws is bound read-write at /workspace", "exited with status 7", "1 allowed", "1 blocked", "blocked: evil.example.org", "audit kept in /var/log/nixcage-egress/run-"} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("cagectl's stderr lacks %q", want)
+		}
+	}
+	if owner := strings.TrimSpace(sh("stat -c %U:%s /var/lib/nixcage/ws/out.txt")); owner != "runner:8" {
+		t.Errorf("file written in /workspace: owner:size %q, want runner:8 (written as the caller)", owner)
+	}
+	reqs, err := in.Requests()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range reqs {
+		if strings.Contains(r.Host, "evil") {
+			t.Errorf("the refused host was contacted: %+v", r)
+		}
+	}
+	audit := sh("cat /var/log/nixcage-egress/run-*/audit.jsonl")
+	if !strings.Contains(audit, `"decision":"blocked"`) || !strings.Contains(audit, "evil.example.org") || !strings.Contains(audit, `"decision":"allowed"`) {
+		t.Errorf("audit kept after the run lacks the decisions:\n%s", audit)
+	}
+	assertTornDown(t, sh)
+
+	// The service backend, no workspace, and a command that fails.
+	if _, _, code := run("cagectl run --backend service --no-workspace -- /bin/sh -c 'test ! -e /workspace/job.sh && touch /workspace/x && exit 4'"); code != 4 {
+		t.Errorf("service backend run exited %d, want 4", code)
+	}
+	assertTornDown(t, sh)
+
+	// While it runs, a run is in status and events.
+	// Bounded by timeout(1) inside the machine: killing nsenter would
+	// leave cagectl holding the output pipe.
+	events := m.Command(ctx, "timeout", "8", "cagectl", "events", "--json")
+	var evOut lockedBuffer
+	events.Stdout = &evOut
+	if err := events.Start(); err != nil {
+		t.Fatal(err)
+	}
+	bg := m.Command(ctx, "cagectl", "run", "--name", "visible", "--no-workspace", "--", "sleep", "3")
+	if err := bg.Start(); err != nil {
+		t.Fatal(err)
+	}
+	seen := false
+	for i := 0; i < 50 && !seen; i++ {
+		time.Sleep(100 * time.Millisecond)
+		st, _ := m.Run(ctx, "cagectl", "status")
+		seen = strings.Contains(st, "visible") && strings.Contains(st, "root")
+	}
+	if !seen {
+		t.Error("a running throw-away cage is not in cagectl status")
+	}
+	if err := bg.Wait(); err != nil {
+		t.Errorf("cagectl run sleep: %v", err)
+	}
+	events.Wait()
+	for _, want := range []string{`"kind":"RunStarted","agent":"visible"`, `"kind":"RunFinished","agent":"visible"`} {
+		if !strings.Contains(evOut.String(), want) {
+			t.Errorf("events lack %s:\n%s", want, evOut.String())
+		}
+	}
+
+	// A viewer is refused, naming the role it needs.
+	if _, stderr, code := run("setpriv --reuid=nobody --regid=nogroup --clear-groups cagectl run --no-workspace -- true"); code != 3 || !strings.Contains(stderr, `role "operator"`) {
+		t.Errorf("viewer: exit %d, stderr %q; want 3 naming role operator", code, stderr)
+	}
+	// A missing secret file is named before anything starts.
+	if _, stderr, code := run("cagectl run --no-workspace --policy claude-code --secret anthropic=/nonexistent/key -- true"); code != 2 || !strings.Contains(stderr, "/nonexistent/key") {
+		t.Errorf("missing secret: exit %d, stderr %q; want 2 naming the file", code, stderr)
+	}
+
+	// A real terminal: the test holds the pty master as a user's terminal
+	// emulator would.
+	for _, backend := range []string{"nspawn", "service"} {
+		t.Run("pty-"+backend, func(t *testing.T) {
+			out, code := runPTY(t, ctx, m, "cagectl run --backend "+backend+" --no-workspace -- /bin/sh -c 'tty; trap \"echo got-int; exit 9\" INT; echo ready; read line; echo \"read:$line\"; while :; do sleep 0.1; done'",
+				func(p *ptyDriver) {
+					p.expect(t, "ready")
+					p.write("hello cage\r")
+					p.expect(t, "read:hello cage")
+					p.write("\x03") // Ctrl-C, as a byte: the cage's terminal makes it SIGINT
+					p.expect(t, "got-int")
+				})
+			if code != 9 {
+				t.Errorf("exit %d, want 9 (the trap's)\n%s", code, out)
+			}
+			if !strings.Contains(out, "/dev/pts/") {
+				t.Errorf("the command had no terminal:\n%s", out)
+			}
+		})
+	}
+	assertTornDown(t, sh)
+}
+
+// assertTornDown: nothing of any run is left but its audit.
+func assertTornDown(t *testing.T, sh func(string) string) {
+	t.Helper()
+	left := sh(`ls -d /run/systemd/system/*@run-* /run/systemd/system/*@visible* /run/systemd/transient/*run-* /run/netns/nixcage-* /run/nixcage/runs/* /run/nixcage/cage/* /var/lib/nixcage/egress/* 2>/dev/null || true
+systemctl list-units --all --no-legend --plain 'nixcage-*' 'cage-egress*' | grep -v caged || true`)
+	if strings.TrimSpace(left) != "" {
+		t.Errorf("left after the run:\n%s", left)
+	}
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// ptyDriver is the master side of a pty cagectl runs on.
+type ptyDriver struct {
+	master *os.File
+	out    lockedBuffer
+}
+
+func (p *ptyDriver) write(s string) { p.master.Write([]byte(s)) }
+
+func (p *ptyDriver) expect(t *testing.T, want string) {
+	t.Helper()
+	for i := 0; i < 200; i++ {
+		if strings.Contains(p.out.String(), want) {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("terminal never showed %q:\n%s", want, p.out.String())
+}
+
+// runPTY runs script in the machine with a new pty as its stdin, stdout
+// and stderr, lets drive type into it, and returns what the terminal
+// showed and the exit status.
+func runPTY(t *testing.T, ctx context.Context, m *systest.Machine, script string, drive func(*ptyDriver)) (string, int) {
+	t.Helper()
+	master, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Skipf("no pty on this host: %v", err)
+	}
+	defer master.Close()
+	unix.IoctlSetPointerInt(int(master.Fd()), unix.TIOCSPTLCK, 0)
+	n, err := unix.IoctlGetInt(int(master.Fd()), unix.TIOCGPTN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slave, err := os.OpenFile("/dev/pts/"+itoa(n), os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.IoctlSetWinsize(int(slave.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Row: 40, Col: 120})
+	cmd := m.Command(ctx, "/bin/sh", "-c", script)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
+	cmd.Env = append(cmd.Env, "TERM=xterm-256color")
+	p := &ptyDriver{master: master}
+	go io.Copy(&p.out, master)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	slave.Close()
+	drive(p)
+	err = cmd.Wait()
+	time.Sleep(100 * time.Millisecond)
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("terminal:\n%s", p.out.String())
+	return p.out.String(), code
+}

@@ -1,0 +1,770 @@
+package daemon
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	sdbus "github.com/coreos/go-systemd/v22/dbus"
+	"github.com/godbus/dbus/v5"
+
+	"github.com/nixcage/nixcage/internal/auditlog"
+	"github.com/nixcage/nixcage/internal/bus"
+	"github.com/nixcage/nixcage/internal/config"
+	"github.com/nixcage/nixcage/internal/paths"
+	"github.com/nixcage/nixcage/internal/reconcile"
+	"github.com/nixcage/nixcage/internal/render"
+)
+
+// Throw-away cages (cagectl run). A run is a declared agent made at run
+// time: the same config validation, the same renderer, the same units under
+// a generated name. Only the agent unit differs in how it is started: as a
+// transient unit (StartTransientUnit), because that is the one way systemd
+// 252 takes file descriptors — the caller's terminal — for a unit's stdio;
+// everything else about it comes from a drop-in rendered for it, so its
+// sandbox is byte for byte what a declared agent gets. See docs/run.md.
+
+var _ bus.RunBackend = (*Daemon)(nil)
+
+// run is one throw-away cage.
+type run struct {
+	name, backend, by string
+	uid               uint32
+	sender            string // the caller's unique bus name: the run ends when it leaves
+	dir               string // paths.RunDir, on the host
+	started           time.Time
+	binds             []verifiedBind
+	secretValues      map[string][]byte // until written to dir/secrets
+
+	mu     sync.Mutex
+	state  reconcile.State
+	active bool // the agent unit reached active once
+
+	once sync.Once
+	done chan struct{}
+}
+
+type verifiedBind struct {
+	render.Bind
+	dev, ino uint64
+}
+
+// manifest is the list of files installed for a run, in its directory.
+const runManifest = "files.json"
+
+// Limits on what a caller may hand in.
+const (
+	maxRunSecretBytes = 64 << 10
+	maxRunBinds       = 8
+	maxRunSecrets     = 4
+)
+
+func (d *Daemon) runByName(name string) *run {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return d.runs[name]
+}
+
+// StartRun implements bus.RunBackend. It owns the descriptors it is given.
+func (d *Daemon) StartRun(ctx context.Context, req bus.RunRequest, stdio [3]dbus.UnixFD, binds []bus.RunBind, secrets []bus.RunSecret, caller bus.Identity, sender string) (string, error) {
+	files := make([]*os.File, 0, 3+len(binds)+len(secrets))
+	own := func(fd dbus.UnixFD, what string) *os.File {
+		f := os.NewFile(uintptr(fd), what)
+		files = append(files, f)
+		return f
+	}
+	var stdioF [3]*os.File
+	for i, fd := range stdio {
+		stdioF[i] = own(fd, "stdio")
+	}
+	bindF := make([]*os.File, len(binds))
+	for i, b := range binds {
+		bindF[i] = own(b.FD, b.Dest)
+	}
+	secretF := make([]*os.File, len(secrets))
+	for i, s := range secrets {
+		secretF[i] = own(s.FD, s.Name)
+	}
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+
+	r, agent, store, err := d.prepareRun(req, bindF, binds, secrets, secretF, caller, sender)
+	if err != nil {
+		return "", err
+	}
+	if err := d.launchRun(ctx, r, agent, store, req, stdioF); err != nil {
+		return "", err
+	}
+	return r.name, nil
+}
+
+// prepareRun checks the request, reads secrets, verifies binds and builds
+// the run's validated agent. Nothing is written yet.
+func (d *Daemon) prepareRun(req bus.RunRequest, bindF []*os.File, binds []bus.RunBind, secrets []bus.RunSecret, secretF []*os.File, caller bus.Identity, sender string) (*run, *config.Agent, *config.Store, error) {
+	if len(binds) > maxRunBinds || len(secrets) > maxRunSecrets {
+		return nil, nil, nil, fmt.Errorf("%w: at most %d binds and %d secrets per run", bus.ErrInvalid, maxRunBinds, maxRunSecrets)
+	}
+	if req.Backend == "" {
+		req.Backend = config.BackendNspawn
+	}
+	if req.Backend != config.BackendService && req.Backend != config.BackendNspawn {
+		return nil, nil, nil, fmt.Errorf("%w: backend %q: throw-away cages run under \"service\" or \"nspawn\"", bus.ErrInvalid, req.Backend)
+	}
+	if len(req.Command) == 0 || req.Command[0] == "" {
+		return nil, nil, nil, fmt.Errorf("%w: no command given (cagectl run -- COMMAND [ARGS...])", bus.ErrInvalid)
+	}
+	if req.Policy != "" && len(req.Allow) > 0 {
+		return nil, nil, nil, fmt.Errorf("%w: give either a policy or hosts to allow, not both", bus.ErrInvalid)
+	}
+	name := req.Name
+	if name == "" {
+		b := make([]byte, 4)
+		rand.Read(b)
+		name = "run-" + hex.EncodeToString(b)
+	}
+	if d.config().Agent(name) != nil || d.runByName(name) != nil {
+		return nil, nil, nil, fmt.Errorf("%w: %q is already a declared agent or a running cage; choose another --name", bus.ErrInvalid, name)
+	}
+	if _, err := os.Lstat(d.qdirs.Host(paths.RunDir(name))); err == nil {
+		return nil, nil, nil, fmt.Errorf("%w: a cage named %q is still being torn down; choose another --name", bus.ErrInvalid, name)
+	}
+	r := &run{name: name, backend: req.Backend, by: caller.String(), uid: caller.UID, sender: sender,
+		dir: d.qdirs.Host(paths.RunDir(name)), done: make(chan struct{})}
+
+	seenDest := map[string]bool{}
+	for i, b := range binds {
+		vb, err := verifyBind(bindF[i], b)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("%w: %v", bus.ErrInvalid, err)
+		}
+		if seenDest[vb.Dest] {
+			return nil, nil, nil, fmt.Errorf("%w: two binds at %s", bus.ErrInvalid, vb.Dest)
+		}
+		seenDest[vb.Dest] = true
+		r.binds = append(r.binds, vb)
+	}
+
+	secretValues := map[string][]byte{}
+	doc := runAgentDoc(req, r.name)
+	for i, s := range secrets {
+		v, err := io.ReadAll(io.LimitReader(secretF[i], maxRunSecretBytes+1))
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("%w: secret %s: %v", bus.ErrInvalid, s.Name, err)
+		}
+		if len(v) > maxRunSecretBytes {
+			return nil, nil, nil, fmt.Errorf("%w: secret %s is larger than %d bytes", bus.ErrInvalid, s.Name, maxRunSecretBytes)
+		}
+		secretValues[s.Name] = v
+		entry := map[string]any{"source": filepath.Join(paths.RunDir(r.name), "secrets", s.Name), "env": s.Env}
+		if len(req.Allow) > 0 {
+			entry["hosts"] = exactHosts(req.Allow)
+		}
+		doc.secrets[s.Name] = entry
+	}
+	agent, store, err := d.runAgent(doc)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	r.secretValues = secretValues
+	return r, agent, store, nil
+}
+
+// verifyBind resolves a directory the caller opened to the host path
+// systemd will bind. caged never looks the path up itself (its own
+// namespace hides /home and /tmp): the caller's descriptor says what it may
+// bind. What the started cage got is checked against the descriptor's
+// device and inode (checkBinds).
+func verifyBind(f *os.File, b bus.RunBind) (verifiedBind, error) {
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		return verifiedBind{}, fmt.Errorf("bind %s: %v", b.Dest, err)
+	}
+	if st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+		return verifiedBind{}, fmt.Errorf("bind %s: not a directory", b.Dest)
+	}
+	src, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", f.Fd()))
+	if err != nil {
+		return verifiedBind{}, fmt.Errorf("bind %s: resolve the directory: %v", b.Dest, err)
+	}
+	if err := render.CheckBindPath(src); err != nil {
+		return verifiedBind{}, fmt.Errorf("bind %s: %v", b.Dest, err)
+	}
+	if err := render.CheckBindPath(b.Dest); err != nil {
+		return verifiedBind{}, fmt.Errorf("bind destination: %v", err)
+	}
+	if b.Dest != paths.CageWorkspace && filepath.Dir(b.Dest) != render.ThrowawayMounts {
+		return verifiedBind{}, fmt.Errorf("bind destination %s: binds go to %s or %s/NAME", b.Dest, paths.CageWorkspace, render.ThrowawayMounts)
+	}
+	return verifiedBind{Bind: render.Bind{Source: src, Dest: b.Dest, ReadOnly: b.ReadOnly}, dev: uint64(st.Dev), ino: st.Ino}, nil
+}
+
+// sameAs checks that p is the directory the caller opened.
+func (b verifiedBind) sameAs(p string) error {
+	var st syscall.Stat_t
+	if err := syscall.Stat(p, &st); err != nil {
+		return fmt.Errorf("cannot check what the cage sees at %s: %w", b.Source, err)
+	}
+	if uint64(st.Dev) != b.dev || st.Ino != b.ino {
+		return fmt.Errorf("%s is no longer the directory that was opened (it was replaced); refusing to bind it", b.Source)
+	}
+	return nil
+}
+
+// runDoc is the synthetic configuration of one run's agent.
+type runDoc struct {
+	name    string
+	req     bus.RunRequest
+	secrets map[string]any
+}
+
+func runAgentDoc(req bus.RunRequest, name string) *runDoc {
+	return &runDoc{name: name, req: req, secrets: map[string]any{}}
+}
+
+func exactHosts(hosts []string) []string {
+	var out []string
+	for _, h := range hosts {
+		if !strings.HasPrefix(h, "*") {
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
+// runAgent validates the run's agent together with caged's own
+// configuration (so declared policies resolve and every rule a declared
+// agent obeys applies), in HCL's JSON syntax.
+func (d *Daemon) runAgent(doc *runDoc) (*config.Agent, *config.Store, error) {
+	req := doc.req
+	cmd := req.Command
+	if !filepath.IsAbs(cmd[0]) {
+		// No PATH lookup in a unit: the cage's own shell finds it on the
+		// cage's PATH.
+		cmd = append([]string{"/bin/sh", "-c", `exec "$0" "$@"`}, cmd...)
+	}
+	agent := map[string]any{
+		"backend":   req.Backend,
+		"command":   cmd,
+		"autostart": false,
+	}
+	if req.TTY && req.Term != "" {
+		agent["environment"] = map[string]string{"TERM": req.Term}
+	}
+	switch {
+	case len(req.Allow) > 0:
+		pol := map[string]any{"allow": req.Allow}
+		if len(doc.secrets) > 0 {
+			// A secret is injected only into requests the gateway has
+			// inspected.
+			pol["inspect"] = exactHosts(req.Allow)
+		}
+		agent["egress_policy"] = pol
+	case req.Policy != "":
+		agent["egress"] = req.Policy
+	default:
+		agent["egress"] = config.DefaultPolicy
+	}
+	if len(doc.secrets) > 0 {
+		agent["secret"] = doc.secrets
+	}
+	data, err := json.Marshal(map[string]any{"agent": map[string]any{doc.name: agent}})
+	if err != nil {
+		return nil, nil, err
+	}
+	own, err := os.ReadFile(d.o.Config)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read caged's configuration: %w", err)
+	}
+	l := config.NewLoader()
+	cfg, diags := l.Load(config.Source{Name: d.o.Config, Data: own}, config.Source{Name: "cagectl-run.json", Data: data})
+	if diags.HasErrors() {
+		var msgs []string
+		for _, dg := range diags {
+			if dg.Detail != "" {
+				msgs = append(msgs, dg.Detail)
+			} else {
+				msgs = append(msgs, dg.Summary)
+			}
+		}
+		return nil, nil, fmt.Errorf("%w: %s", bus.ErrInvalid, strings.Join(msgs, "; "))
+	}
+	a := cfg.Agent(doc.name)
+	if a == nil {
+		return nil, nil, fmt.Errorf("%w: the run's agent did not validate", bus.ErrInvalid)
+	}
+	return a, cfg.Store, nil
+}
+
+func lookupGID(uid uint32) uint32 {
+	u, err := user.LookupId(strconv.FormatUint(uint64(uid), 10))
+	if err != nil {
+		return uid
+	}
+	g, err := strconv.ParseUint(u.Gid, 10, 32)
+	if err != nil {
+		return uid
+	}
+	return uint32(g)
+}
+
+// launchRun writes the run's files, starts its agent unit attached to the
+// caller's descriptors and registers it.
+func (d *Daemon) launchRun(ctx context.Context, r *run, agent *config.Agent, store *config.Store, req bus.RunRequest, stdio [3]*os.File) error {
+	userName := "user"
+	if id := d.o.Users.Lookup(r.uid); id.User != "" {
+		userName = id.User
+	}
+	t := render.Throwaway{
+		Prefix: paths.RunDir(r.name), User: userName, UID: r.uid, GID: lookupGID(r.uid),
+		TTY: req.TTY, Transient: true,
+	}
+	for _, b := range r.binds {
+		t.Binds = append(t.Binds, b.Bind)
+	}
+	files, err := render.RenderThrowaway(agent, store, d.rec.Options, t)
+	if err != nil {
+		return err
+	}
+	root := d.o.Root
+	if root == "" {
+		root = "/"
+	}
+	// The manifest first, so that whatever is written can be removed.
+	var installed []string
+	for _, f := range files {
+		installed = append(installed, "/"+f.Path)
+	}
+	for name := range r.secretValues {
+		installed = append(installed, filepath.Join(paths.RunDir(r.name), "secrets", name))
+	}
+	if err := mkdirReadable(r.dir); err != nil {
+		return fmt.Errorf("run %s: %w", r.name, err)
+	}
+	if err := writeRunManifest(filepath.Join(r.dir, runManifest), installed); err != nil {
+		return fmt.Errorf("run %s: %w", r.name, err)
+	}
+	d.mu.Lock()
+	if d.runs == nil {
+		d.runs = map[string]*run{}
+	}
+	d.runs[r.name] = r
+	d.mu.Unlock()
+	fail := func(err error) error {
+		d.teardownRun(context.Background(), r)
+		d.mu.Lock()
+		delete(d.runs, r.name)
+		d.mu.Unlock()
+		return err
+	}
+	if err := writeRunSecrets(r.dir, r.secretValues); err != nil {
+		return fail(fmt.Errorf("run %s: %w", r.name, err))
+	}
+	r.secretValues = nil
+	for _, f := range files {
+		if err := mkdirReadable(filepath.Join(root, filepath.Dir(f.Path))); err != nil {
+			return fail(fmt.Errorf("run %s: %w", r.name, err))
+		}
+	}
+	if _, err := render.Write(root, files); err != nil {
+		return fail(fmt.Errorf("run %s: %w", r.name, err))
+	}
+	// New unit files and drop-ins: systemd 252 loads units it has never
+	// seen from disk, but its cache of unit paths is only rebuilt on
+	// daemon-reload.
+	if err := d.sd.ReloadContext(ctx); err != nil {
+		return fail(fmt.Errorf("run %s: daemon-reload: %w", r.name, err))
+	}
+	unit := paths.Instance(paths.AgentTemplate, r.name)
+	props := []sdbus.Property{
+		sdbus.PropDescription(fmt.Sprintf("nixcage throw-away cage %s (%s backend) for %s", r.name, r.backend, r.by)),
+		{Name: "StandardInputFileDescriptor", Value: dbus.MakeVariant(dbus.UnixFD(stdio[0].Fd()))},
+		{Name: "StandardOutputFileDescriptor", Value: dbus.MakeVariant(dbus.UnixFD(stdio[1].Fd()))},
+		{Name: "StandardErrorFileDescriptor", Value: dbus.MakeVariant(dbus.UnixFD(stdio[2].Fd()))},
+	}
+	d.log.Info("start throw-away cage", "name", r.name, "backend", r.backend, "by", r.by, "command", req.Command, "binds", len(r.binds))
+	r.started = time.Now()
+	ch := make(chan string, 1)
+	if _, err := d.sd.StartTransientUnitContext(ctx, unit, "fail", props, ch); err != nil {
+		return fail(fmt.Errorf("run %s: start: %w", r.name, err))
+	}
+	select {
+	case res := <-ch:
+		if res != "done" {
+			return fail(fmt.Errorf("run %s: the cage did not start (job %s); see journalctl -u %s -u %s", r.name, res, unit, paths.Instance(paths.PrepTemplate, r.name)))
+		}
+	case <-ctx.Done():
+		return fail(fmt.Errorf("run %s: waiting for the start: %w", r.name, ctx.Err()))
+	}
+	r.mu.Lock()
+	r.active = true
+	r.state = reconcile.State{Load: "loaded", Active: "active", Sub: "running"}
+	r.mu.Unlock()
+	if err := d.checkBinds(ctx, r, unit); err != nil {
+		d.log.Error("throw-away cage got a different directory than the caller opened; killed", "name", r.name, "by", r.by, "err", err)
+		d.units.Kill(ctx, unit, int32(syscall.SIGKILL))
+		go d.finishRun(r, err.Error())
+		return fmt.Errorf("run %s: %w", r.name, err)
+	}
+	d.srv.Emit(bus.SignalRunStarted, r.name, r.backend, r.by)
+	d.publishAgents(ctx)
+	go d.superviseRun(r)
+	return nil
+}
+
+// checkBinds verifies what the started cage's main process sees: for the
+// service backend its root is the cage's, for nspawn the unit's namespace
+// in which nspawn makes its binds.
+func (d *Daemon) checkBinds(ctx context.Context, r *run, unit string) error {
+	if len(r.binds) == 0 {
+		return nil
+	}
+	p, err := d.sd.GetServicePropertyContext(ctx, unit, "MainPID")
+	if err != nil {
+		return fmt.Errorf("read the cage's main process: %w", err)
+	}
+	pid, _ := p.Value.Value().(uint32)
+	if pid == 0 {
+		return nil // already gone: it saw nothing
+	}
+	for _, b := range r.binds {
+		at := b.Dest
+		if r.backend == config.BackendNspawn {
+			at = b.Source
+		}
+		if err := b.sameAs(fmt.Sprintf("/proc/%d/root%s", pid, at)); err != nil {
+			switch {
+			case errors.Is(err, os.ErrPermission):
+				// A cage's processes are another user's; without
+				// CAP_SYS_PTRACE caged cannot look into their root.
+				d.log.Debug("cannot verify a throw-away cage's bind", "name", r.name, "bind", b.Source, "err", err)
+				continue
+			case processGone(pid):
+				return nil
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+func processGone(pid uint32) bool {
+	_, err := os.Stat(fmt.Sprintf("/proc/%d", pid))
+	return err != nil
+}
+
+func writeRunSecrets(dir string, values map[string][]byte) error {
+	if len(values) == 0 {
+		return nil
+	}
+	sd := filepath.Join(dir, "secrets")
+	if err := os.Mkdir(sd, 0o700); err != nil {
+		return fmt.Errorf("secrets: %w", err)
+	}
+	for name, v := range values {
+		if err := os.WriteFile(filepath.Join(sd, name), v, 0o600); err != nil {
+			return fmt.Errorf("secret %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// superviseRun waits for the cage to end: systemd's signals (watchUnits)
+// report it at once; a slow poll covers a lost signal and the caller
+// leaving the bus.
+func (d *Daemon) superviseRun(r *run) {
+	unit := paths.Instance(paths.AgentTemplate, r.name)
+	tk := time.NewTicker(2 * time.Second)
+	defer tk.Stop()
+	for {
+		select {
+		case <-r.done:
+			return
+		case <-tk.C:
+		}
+		if !d.callerPresent(r.sender) {
+			d.log.Info("caller of a throw-away cage left the bus; stopping it", "name", r.name, "by", r.by)
+			d.stopRun(r, "the caller left")
+			continue
+		}
+		states, err := d.units.States(context.Background(), []string{unit})
+		if err != nil {
+			continue
+		}
+		if s := states[unit]; !s.Running() {
+			d.finishRun(r, "")
+			return
+		}
+	}
+}
+
+func (d *Daemon) callerPresent(sender string) bool {
+	if sender == "" {
+		return true
+	}
+	var has bool
+	if err := d.conn.BusObject().Call("org.freedesktop.DBus.NameHasOwner", 0, sender).Store(&has); err != nil {
+		return true
+	}
+	return has
+}
+
+// runUnitChanged is watchUnits' hook: it reports whether unit belongs to a
+// run, and ends the run when its agent unit stops.
+func (d *Daemon) runUnitChanged(unit string, s reconcile.State) bool {
+	name, ok := agentOfUnit(unit)
+	if !ok {
+		return false
+	}
+	r := d.runByName(name)
+	if r == nil {
+		return false
+	}
+	if unit != paths.Instance(paths.AgentTemplate, name) {
+		return true
+	}
+	r.mu.Lock()
+	if s.Active != "" {
+		r.state.Active = s.Active
+	}
+	if s.Sub != "" {
+		r.state.Sub = s.Sub
+	}
+	ended := r.active && (s.Active == "inactive" || s.Active == "failed")
+	r.mu.Unlock()
+	d.srv.Emit(bus.SignalAgentStateChanged, name, r.state.Active, r.state.Sub)
+	if ended {
+		go d.finishRun(r, "")
+	}
+	return true
+}
+
+// stopRun stops a run's command (the run then finishes as usual).
+func (d *Daemon) stopRun(r *run, why string) {
+	unit := paths.Instance(paths.AgentTemplate, r.name)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := d.units.Stop(ctx, unit); err != nil && !reconcile.IsNoSuchUnit(err) {
+		d.log.Warn("stop throw-away cage", "name", r.name, "why", why, "err", err)
+	}
+	d.finishRun(r, why)
+}
+
+// SignalRun implements bus.RunBackend.
+func (d *Daemon) SignalRun(ctx context.Context, name string, signal int32, caller bus.Identity) error {
+	r := d.runByName(name)
+	if r == nil {
+		return fmt.Errorf("%w: no throw-away cage %q is running", bus.ErrNoSuchAgent, name)
+	}
+	if caller.UID != 0 && caller.UID != r.uid {
+		if err := bus.Authorize(d.config().Accounts, caller, bus.ActRun, ""); err != nil {
+			return fmt.Errorf("%w: %s may not signal %s's cage", bus.ErrDenied, caller, r.by)
+		}
+	}
+	switch syscall.Signal(signal) {
+	case syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGKILL:
+	default:
+		return fmt.Errorf("%w: signal %d: only INT, TERM, HUP, QUIT and KILL are forwarded", bus.ErrInvalid, signal)
+	}
+	unit := paths.Instance(paths.AgentTemplate, name)
+	if err := d.sd.KillUnitWithTarget(ctx, unit, sdbus.Main, signal); err != nil {
+		return fmt.Errorf("signal %s: %w", name, err)
+	}
+	return nil
+}
+
+// finishRun reads the command's exit status, tears the cage down, and
+// reports the summary. It runs once per run.
+func (d *Daemon) finishRun(r *run, why string) {
+	r.once.Do(func() {
+		defer close(r.done)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		unit := paths.Instance(paths.AgentTemplate, r.name)
+		sum := bus.RunSummary{Name: r.name, Error: why, Audit: filepath.Join(paths.AuditDir(r.name), "audit.jsonl")}
+		sum.Exit, sum.Result = d.exitStatus(ctx, unit)
+		d.teardownRun(ctx, r)
+		d.auditSummary(r.name, &sum)
+		d.mu.Lock()
+		delete(d.runs, r.name)
+		d.mu.Unlock()
+		d.log.Info("throw-away cage ended", "name", r.name, "by", r.by, "exit", sum.Exit, "result", sum.Result,
+			"allowed", sum.Allowed, "flagged", sum.Flagged, "blocked", sum.Blocked, "duration", time.Since(r.started).Round(time.Millisecond))
+		js, _ := json.Marshal(sum)
+		d.srv.Emit(bus.SignalRunFinished, r.name, sum.Exit, string(js))
+		d.publishAgents(ctx)
+	})
+}
+
+// exitStatus is the command's exit status as a shell reports it.
+func (d *Daemon) exitStatus(ctx context.Context, unit string) (int32, string) {
+	props, err := d.sd.GetUnitTypePropertiesContext(ctx, unit, "Service")
+	if err != nil {
+		return 1, "unknown"
+	}
+	code, _ := props["ExecMainCode"].(int32)
+	status, _ := props["ExecMainStatus"].(int32)
+	result, _ := props["Result"].(string)
+	switch code {
+	case 1: // CLD_EXITED
+		return status, result
+	case 2, 3: // CLD_KILLED, CLD_DUMPED
+		return 128 + status, result
+	}
+	if result != "" && result != "success" {
+		return 1, result
+	}
+	return 0, result
+}
+
+// teardownRun stops every unit of the run and removes every file it
+// installed (from its manifest) and its state, except the audit log.
+func (d *Daemon) teardownRun(ctx context.Context, r *run) {
+	// The store-bind check runs per start and does not stay active; it
+	// may have failed.
+	us := append(reconcile.AgentUnits(r.name), paths.Instance(paths.BindsTemplate, r.name))
+	for i := len(us) - 1; i >= 0; i-- {
+		if err := d.units.Stop(ctx, us[i]); err != nil && !reconcile.IsNoSuchUnit(err) {
+			d.log.Warn("teardown: stop", "unit", us[i], "err", err)
+		}
+		_ = d.sd.ResetFailedUnitContext(ctx, us[i])
+	}
+	root := d.o.Root
+	for _, p := range readRunManifest(filepath.Join(r.dir, runManifest)) {
+		hp := filepath.Join(root, p)
+		if err := os.Remove(hp); err != nil && !errors.Is(err, os.ErrNotExist) {
+			d.log.Warn("teardown: remove", "path", hp, "err", err)
+		}
+		if strings.HasSuffix(filepath.Dir(p), ".service.d") {
+			os.Remove(filepath.Dir(hp))
+		}
+	}
+	for _, p := range []string{paths.RunDir(r.name), paths.EgressState(r.name), paths.Runtime(r.name)} {
+		if err := os.RemoveAll(d.qdirs.Host(p)); err != nil {
+			d.log.Warn("teardown: remove", "path", p, "err", err)
+		}
+	}
+	if err := d.sd.ReloadContext(ctx); err != nil {
+		d.log.Warn("teardown: daemon-reload", "err", err)
+	}
+}
+
+// auditSummary counts the run's egress decisions from its audit log.
+func (d *Daemon) auditSummary(name string, sum *bus.RunSummary) {
+	lines, _, err := auditlog.Read(d.qdirs.AuditFile(name), 0, 100000)
+	if err != nil {
+		return
+	}
+	hosts := map[string]bool{}
+	for _, l := range lines {
+		var rec auditlog.Record
+		if json.Unmarshal([]byte(l), &rec) != nil {
+			continue
+		}
+		n := rec.Decisions() // 0 for a tunnel's close record
+		switch rec.Decision {
+		case auditlog.Allowed:
+			sum.Allowed += n
+		case auditlog.Flagged:
+			sum.Flagged += n
+		case auditlog.Blocked:
+			sum.Blocked += n
+			if rec.Host != "" {
+				hosts[rec.Host] = true
+			}
+		}
+	}
+	sum.BlockedHosts = []string{}
+	for h := range hosts {
+		sum.BlockedHosts = append(sum.BlockedHosts, h)
+	}
+	sort.Strings(sum.BlockedHosts)
+}
+
+// runStatuses are the running throw-away cages as status lists them.
+func (d *Daemon) runStatuses() []bus.AgentStatus {
+	d.mu.RLock()
+	runs := make([]*run, 0, len(d.runs))
+	for _, r := range d.runs {
+		runs = append(runs, r)
+	}
+	d.mu.RUnlock()
+	sort.Slice(runs, func(i, j int) bool { return runs[i].name < runs[j].name })
+	out := make([]bus.AgentStatus, 0, len(runs))
+	for _, r := range runs {
+		r.mu.Lock()
+		st := r.state
+		r.mu.Unlock()
+		as := bus.AgentStatus{Name: r.name, Backend: r.backend, Unit: paths.Instance(paths.AgentTemplate, r.name),
+			LoadState: st.Load, ActiveState: st.Active, SubState: st.Sub, RunBy: r.by}
+		if d.audit != nil {
+			as.Allowed, as.Flagged, as.Blocked = d.audit.counts(r.name)
+		}
+		out = append(out, as)
+	}
+	return out
+}
+
+// cleanupOrphanRuns tears down runs a previous caged left behind (it
+// crashed or was restarted while they ran): their callers' sessions are
+// gone with it.
+func (d *Daemon) cleanupOrphanRuns(ctx context.Context) {
+	ents, err := os.ReadDir(d.qdirs.Host(paths.RunsRoot))
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		r := &run{name: e.Name(), dir: d.qdirs.Host(paths.RunDir(e.Name()))}
+		d.log.Warn("tearing down a throw-away cage left by a previous caged", "name", r.name)
+		d.teardownRun(ctx, r)
+	}
+}
+
+// The manifest is written before anything else, so even a caged killed
+// mid-start leaves a list of what to remove.
+func writeRunManifest(p string, files []string) error {
+	b, err := json.Marshal(files)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(p, b, 0o600)
+}
+
+func readRunManifest(p string) []string {
+	var files []string
+	if b, err := os.ReadFile(p); err == nil {
+		json.Unmarshal(b, &files)
+	}
+	return files
+}
+
+// mkdirReadable makes dir and its missing parents 0755 whatever caged's
+// umask (its unit's UMask=0077): the gateway and the prepare step read the
+// run's configuration as other users.
+func mkdirReadable(dir string) error {
+	if st, err := os.Stat(dir); err == nil && st.IsDir() {
+		return nil
+	}
+	if err := mkdirReadable(filepath.Dir(dir)); err != nil {
+		return err
+	}
+	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	return os.Chmod(dir, 0o755)
+}

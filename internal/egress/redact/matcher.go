@@ -1,0 +1,138 @@
+package redact
+
+import "slices"
+
+// Matcher finds forms in bytes in one pass. Immutable after New; safe for
+// concurrent use.
+type Matcher struct {
+	forms  []Form
+	maxLen int
+	// first2 has a bit per two-byte prefix some form starts with; cands
+	// lists the forms per prefix, longest first (leftmost-longest wins).
+	first2 [1 << 16 / 64]uint64
+	cands  map[uint16][]int
+}
+
+// New compiles forms. Every form must be at least 2 bytes long.
+func New(forms []Form) *Matcher {
+	m := &Matcher{forms: forms, cands: map[uint16][]int{}}
+	for i, f := range forms {
+		if len(f.Real) < 2 {
+			continue
+		}
+		k := uint16(f.Real[0])<<8 | uint16(f.Real[1])
+		m.first2[k/64] |= 1 << (k % 64)
+		m.cands[k] = append(m.cands[k], i)
+		m.maxLen = max(m.maxLen, len(f.Real))
+	}
+	for _, c := range m.cands {
+		slices.SortStableFunc(c, func(a, b int) int { return len(forms[b].Real) - len(forms[a].Real) })
+	}
+	return m
+}
+
+// Forms returns the compiled forms.
+func (m *Matcher) Forms() []Form { return m.forms }
+
+// MaxLen is the longest form: a stream must hold back MaxLen-1 bytes so a
+// form split across reads is still found.
+func (m *Matcher) MaxLen() int { return m.maxLen }
+
+// Match is one form found at Offset.
+type Match struct {
+	Offset int
+	Form   *Form
+}
+
+// Scan reports forms starting at positions [from, to) of b, leftmost first,
+// skipping past each match, and returns where scanning stopped (the end of
+// the last match if it runs past to). near is called for a partial match of
+// at least Public+NearMin bytes that is not a whole form; either callback
+// may be nil.
+func (m *Matcher) Scan(b []byte, from, to int, match func(Match), near func(f *Form, n int)) int {
+	i := from
+	for i < to && i+1 < len(b) {
+		k := uint16(b[i])<<8 | uint16(b[i+1])
+		if m.first2[k/64]&(1<<(k%64)) == 0 {
+			i++
+			continue
+		}
+		hit, nearF, nearN := -1, -1, 0
+		for _, fi := range m.cands[k] {
+			f := &m.forms[fi]
+			n := commonPrefix(b[i:], f.Real)
+			if n == len(f.Real) {
+				hit = fi
+				break
+			}
+			if n >= f.Public+NearMin && n > nearN {
+				nearF, nearN = fi, n
+			}
+		}
+		if hit < 0 {
+			// A near-match only counts where no whole form matched (a
+			// form's prefix is often another, longer form's prefix).
+			if near != nil && nearF >= 0 {
+				near(&m.forms[nearF], nearN)
+			}
+			i++
+			continue
+		}
+		if match != nil {
+			match(Match{Offset: i, Form: &m.forms[hit]})
+		}
+		i += len(m.forms[hit].Real)
+	}
+	return max(i, to)
+}
+
+// Result says what a rewrite replaced and what it saw.
+type Result struct {
+	Redacted map[string]bool // secret names replaced
+	Near     map[string]bool // secret names with a near-match (a long partial prefix)
+}
+
+func (r *Result) add(name string, near bool) {
+	mp := &r.Redacted
+	if near {
+		mp = &r.Near
+	}
+	if *mp == nil {
+		*mp = map[string]bool{}
+	}
+	(*mp)[name] = true
+}
+
+// Merge adds o's findings to r.
+func (r *Result) Merge(o Result) {
+	for k := range o.Redacted {
+		r.add(k, false)
+	}
+	for k := range o.Near {
+		r.add(k, true)
+	}
+}
+
+// Rewrite replaces, in place, every form in b with its placeholder form.
+func (m *Matcher) Rewrite(b []byte, res *Result) {
+	m.Scan(b, 0, len(b), func(x Match) {
+		copy(b[x.Offset:], x.Form.Placeholder)
+		res.add(x.Form.Secret, false)
+	}, func(f *Form, _ int) { res.add(f.Secret, true) })
+}
+
+// String is Rewrite for a string (a header value); s is returned unchanged
+// when nothing matched.
+func (m *Matcher) String(s string, res *Result) string {
+	if m == nil || len(m.forms) == 0 {
+		return s
+	}
+	var before Result
+	b := []byte(s)
+	m.Rewrite(b, &before)
+	res.Merge(before)
+	if len(before.Redacted) == 0 {
+		return s
+	}
+	return string(b)
+}

@@ -1,0 +1,106 @@
+package egress
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+
+	"github.com/nixcage/nixcage/internal/egress/redact"
+)
+
+// respond is the redact stage: it sends the upstream's response to the
+// agent with every form of every real value turned into the same form of
+// its placeholder, in header names and values, the body and trailers, all
+// through one Matcher (headers are not special-cased: the hole of issue 11
+// sat in inline header code). From a secret-bound host the body is first
+// decoded from any content-coding; a coding that cannot be decoded is
+// refused (a *blockedErr, before anything is written) rather than passed.
+func (g *Gateway) respond(w http.ResponseWriter, resp *http.Response, t *target) (int64, redact.Result, error) {
+	var res redact.Result
+	m := t.st.redact
+	var src io.Reader = resp.Body
+	decoded := false
+	if cs := codings(resp.Header); len(cs) > 0 && t.st.bound(t.host) {
+		if resp.StatusCode == http.StatusPartialContent {
+			return 0, res, block(http.StatusBadGateway, "content-encoding", "upstream sent a range of a %s-coded body, which cannot be decoded to redact it", strings.Join(cs, ","))
+		}
+		dec, closer, err := decodeBody(resp.Body, cs)
+		if err != nil {
+			return 0, res, block(http.StatusBadGateway, "content-encoding", "upstream response: %v", err)
+		}
+		defer closer()
+		src, decoded = dec, true
+	}
+	for _, h := range hopHeaders {
+		resp.Header.Del(h)
+	}
+	if decoded {
+		resp.Header.Del("Content-Encoding")
+		resp.Header.Del("Content-Length")
+	}
+	redactHeader(m, resp.Header, w.Header(), "", &res)
+	w.WriteHeader(resp.StatusCode)
+	// Headers go now: a stream's first bytes are held back (below), and
+	// the agent should see the response start.
+	_ = http.NewResponseController(w).Flush()
+	var red *redact.Reader
+	if len(m.Forms()) > 0 {
+		red = m.NewReader(src)
+		defer red.Release()
+		src = red
+	}
+	n, err := copyFlush(w, src)
+	if red != nil {
+		res.Merge(red.Result())
+	}
+	// Trailers arrive after the body; they go through the same matcher.
+	redactHeader(m, resp.Trailer, w.Header(), http.TrailerPrefix, &res)
+	return n, res, err
+}
+
+// redactHeader copies src into dst (names prefixed with prefix) with every
+// form of a real value replaced, in names and values alike.
+func redactHeader(m *redact.Matcher, src, dst http.Header, prefix string, res *redact.Result) {
+	for k, vs := range src {
+		if len(vs) == 0 {
+			continue
+		}
+		out := make([]string, len(vs))
+		for i, v := range vs {
+			out[i] = m.String(v, res)
+		}
+		dst[prefix+http.CanonicalHeaderKey(m.String(k, res))] = out
+	}
+}
+
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// copyFlush copies a response body to the agent, flushing after every chunk
+// so streamed responses (server-sent events from model APIs) arrive as the
+// upstream sends them rather than when a buffer fills. Chunk sizes are the
+// redact.Reader's, which do not depend on content.
+func copyFlush(w http.ResponseWriter, src io.Reader) (int64, error) {
+	rc := http.NewResponseController(w)
+	bp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bp)
+	buf := *bp
+	var total int64
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			m, werr := w.Write(buf[:n])
+			total += int64(m)
+			if werr != nil {
+				return total, werr
+			}
+			_ = rc.Flush()
+		}
+		if err == io.EOF {
+			return total, nil
+		}
+		if err != nil {
+			return total, err
+		}
+	}
+}

@@ -1,0 +1,67 @@
+package egress
+
+// Issue 11 item 8: per-host method and path rules on intercepted hosts,
+// against the real gateway, with the refusal a program reads and the audit
+// record.
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/nixcage/nixcage/internal/egress/audit"
+	"github.com/nixcage/nixcage/internal/policy"
+)
+
+func TestThreatHTTPRules(t *testing.T) {
+	h := newHarness(t, func(rt *policy.Runtime) {
+		rt.Policy.HTTPRules = []policy.HTTPRule{
+			{Name: "telemetry", Hosts: []string{"api.example.com"}, Paths: []string{"/api/event_logging/*", "/api/claude_code/metrics"}, Action: policy.ActionDeny},
+			{Name: "read-only", Hosts: []string{"other.example.com"}, Methods: []string{"GET", "HEAD"}, Action: policy.ActionAllow},
+		}
+	})
+	c := h.client(false)
+	ph := h.ph["anthropic"]
+	api := http.Header{"X-Api-Key": {ph}, "Content-Type": {"application/json"}}
+	cases := []struct {
+		name, method, host, path string
+		code                     int
+		decision, rule           string
+	}{
+		{"telemetry denied", "POST", "api.example.com", "/api/event_logging/batch", 403, audit.Blocked, "http_rule:telemetry"},
+		{"metrics denied", "POST", "api.example.com", "/api/claude_code/metrics", 403, audit.Blocked, "http_rule:telemetry"},
+		{"path trick refused", "POST", "api.example.com", "/api//event_logging/batch", 403, audit.Blocked, "http-rule-path"},
+		{"escaped path judged decoded", "POST", "api.example.com", "/api/%65vent_logging/batch", 403, audit.Blocked, "http_rule:telemetry"},
+		{"model API allowed", "POST", "api.example.com", "/v1/messages", 200, audit.Allowed, "allow:*.example.com"},
+		{"GET on read-only host", "GET", "other.example.com", "/pkg", 200, audit.Allowed, "http_rule:read-only"},
+		{"POST on read-only host", "POST", "other.example.com", "/pkg-up", 403, audit.Blocked, "http-rule-default"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			hdr := http.Header{"Content-Type": {"application/json"}}
+			if tc.host == "api.example.com" {
+				hdr = api
+			}
+			code, rh, body, err := h.do(c, tc.method, h.tlsURL(tc.host, tc.path), hdr, `{"events":[]}`)
+			if err != nil || code != tc.code {
+				t.Fatalf("got %d %v %q, want %d", code, err, body, tc.code)
+			}
+			decoded := strings.ReplaceAll(tc.path, "%65", "e")
+			r := h.want(t, func(r audit.Record) bool { return r.Path == decoded && r.Method == tc.method }, tc.decision, tc.rule)
+			if tc.code != 403 {
+				return
+			}
+			if len(r.SecretsInjected) != 0 {
+				t.Fatalf("key injected into a denied request: %+v", r)
+			}
+			if s := h.up.lastSeen(); s != nil && s.Path == decoded {
+				t.Fatal("denied request reached the upstream")
+			}
+			var d denial
+			if err := json.Unmarshal([]byte(body), &d); err != nil || d.Error.Rule != tc.rule || rh.Get("X-Nixcage-Rule") != tc.rule || !strings.Contains(d.Error.Fix, "http_rule") && !strings.Contains(d.Error.Fix, "path") {
+				t.Fatalf("refusal body %q: %v", body, err)
+			}
+		})
+	}
+}
