@@ -27,6 +27,7 @@ let
     }) p.limits;
     dns = lib.mapNullable (d: clean {
       inherit (d) enabled;
+      allow_types = d.allowTypes;
       deny_types = d.denyTypes;
       max_label_length = d.maxLabelLength;
     }) p.dns;
@@ -53,6 +54,8 @@ let
       inherit (s) root channel keys threshold generations;
       nix_keys = s.nixKeys;
       expiry_warning = s.expiryWarning;
+      root_keys = s.rootKeys;
+      root_threshold = s.rootThreshold;
     }) cfg.store;
   };
 in

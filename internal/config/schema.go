@@ -111,6 +111,7 @@ type limitsV1 struct {
 type dnsV1 struct {
 	Body           hcl.Body `hcl:",body"`
 	Enabled        *bool    `hcl:"enabled,optional"`
+	AllowTypes     []string `hcl:"allow_types,optional"`
 	DenyTypes      []string `hcl:"deny_types,optional"`
 	MaxLabelLength *int     `hcl:"max_label_length,optional"`
 }
@@ -142,5 +143,7 @@ type storeV1 struct {
 	Threshold   *int     `hcl:"threshold,optional"`
 	Generations *int     `hcl:"generations,optional"`
 	// ExpiryWarning is days ("7d") or a Go duration ("36h").
-	ExpiryWarning *string `hcl:"expiry_warning,optional"`
+	ExpiryWarning *string  `hcl:"expiry_warning,optional"`
+	RootKeys      []string `hcl:"root_keys,optional"`
+	RootThreshold *int     `hcl:"root_threshold,optional"`
 }

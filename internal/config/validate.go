@@ -502,7 +502,7 @@ func (v *validator) resolvePolicy(name string, p *policyV1) *resolvedPolicy {
 			MaxBodyBytes:       policy.DefaultMaxBodyBytes,
 			IdleTimeoutSeconds: policy.DefaultIdleTimeoutSeconds,
 		},
-		DNS: policy.DNS{Enabled: true, DenyTypes: append([]string(nil), policy.DefaultDNSDenyTypes...), MaxLabelLength: policy.DefaultMaxLabelLength},
+		DNS: policy.DNS{Enabled: true, AllowTypes: append([]string(nil), policy.DefaultDNSAllowTypes...), DenyTypes: append([]string(nil), policy.DefaultDNSDenyTypes...), MaxLabelLength: policy.DefaultMaxLabelLength},
 	}
 	if len(out.Ports) == 0 {
 		out.Ports = []int{DefaultPort}
@@ -606,15 +606,11 @@ func (v *validator) resolvePolicy(name string, p *policyV1) *resolvedPolicy {
 		if d.Enabled != nil {
 			out.DNS.Enabled = *d.Enabled
 		}
+		if d.AllowTypes != nil {
+			out.DNS.AllowTypes = v.dnsTypes(name, d.Body, "allow_types", d.AllowTypes)
+		}
 		if d.DenyTypes != nil {
-			out.DNS.DenyTypes = nil
-			for _, t := range d.DenyTypes {
-				up := strings.ToUpper(t)
-				if _, ok := dns.StringToType[up]; !ok {
-					v.errorf(at(d.Body, "deny_types"), "Unknown DNS record type", "egress_policy %q: %q is not a DNS record type; write names such as \"TXT\" or \"ANY\".", name, t)
-				}
-				out.DNS.DenyTypes = append(out.DNS.DenyTypes, up)
-			}
+			out.DNS.DenyTypes = v.dnsTypes(name, d.Body, "deny_types", d.DenyTypes)
 		}
 		if d.MaxLabelLength != nil {
 			if *d.MaxLabelLength < 1 || *d.MaxLabelLength > 63 {
@@ -637,6 +633,19 @@ func (v *validator) resolvePolicy(name string, p *policyV1) *resolvedPolicy {
 		creds[c.Name] = c
 	}
 	return &resolvedPolicy{p: out, credentials: creds}
+}
+
+// dnsTypes checks and upper-cases a list of DNS record type names.
+func (v *validator) dnsTypes(name string, body hcl.Body, attr string, list []string) []string {
+	out := []string{}
+	for _, t := range list {
+		up := strings.ToUpper(t)
+		if _, ok := dns.StringToType[up]; !ok {
+			v.errorf(at(body, attr), "Unknown DNS record type", "egress_policy %q: %s: %q is not a DNS record type; write names such as \"TXT\" or \"ANY\".", name, attr, t)
+		}
+		out = append(out, up)
+	}
+	return out
 }
 
 func (v *validator) inspectors(name string, p *policyV1, maxBody int64) []policy.Inspector {
@@ -746,24 +755,11 @@ func (v *validator) store(s *storeV1) *Store {
 	if len(s.Keys) == 0 {
 		v.errorf(at(s.Body, "keys"), "No trusted keys", "store: keys is empty, so no release could ever be accepted. List the PEM public key files releases are signed with (cagectl key generate makes a pair).")
 	}
-	seen := map[string]bool{}
-	for _, k := range s.Keys {
-		v.checkAbsPath(at(s.Body, "keys"), "key file", k)
-		if seen[k] {
-			v.errorf(at(s.Body, "keys"), "Duplicate key", "store: key %s is listed twice; a threshold counts distinct keys.", k)
-		}
-		seen[k] = true
-	}
+	out.Threshold = v.keyRole(s.Body, "keys", "threshold", s.Keys, s.Threshold)
 	for _, k := range s.NixKeys {
 		name, key, ok := strings.Cut(k, ":")
 		if !ok || name == "" || key == "" {
 			v.errorf(at(s.Body, "nix_keys"), "Invalid Nix public key", "store: %q is not a Nix public key; write \"name:base64\" as `nix key convert-secret-to-public` prints it.", k)
-		}
-	}
-	if s.Threshold != nil {
-		out.Threshold = *s.Threshold
-		if *s.Threshold < 1 || *s.Threshold > len(s.Keys) {
-			v.errorf(at(s.Body, "threshold"), "Invalid signature threshold", "store: threshold = %d with %d key(s); it must be between 1 and the number of keys.", *s.Threshold, len(s.Keys))
 		}
 	}
 	if s.ExpiryWarning != nil {
@@ -773,6 +769,8 @@ func (v *validator) store(s *storeV1) *Store {
 		}
 		out.ExpiryWarning = d
 	}
+	out.RootKeys = s.RootKeys
+	out.RootThreshold = v.keyRole(s.Body, "root_keys", "root_threshold", s.RootKeys, s.RootThreshold)
 	if s.Generations != nil {
 		out.Generations = *s.Generations
 		if *s.Generations < 2 {
@@ -793,6 +791,26 @@ func ParseDays(s string) (time.Duration, error) {
 		return time.Duration(n) * 24 * time.Hour, nil
 	}
 	return time.ParseDuration(s)
+}
+
+// keyRole checks a list of PEM key files and its threshold (default 1):
+// store.keys/threshold and store.root_keys/root_threshold.
+func (v *validator) keyRole(body hcl.Body, keysAttr, thrAttr string, keys []string, threshold *int) int {
+	seen := map[string]bool{}
+	for _, k := range keys {
+		v.checkAbsPath(at(body, keysAttr), "key file", k)
+		if seen[k] {
+			v.errorf(at(body, keysAttr), "Duplicate key", "store: %s lists %s twice; a threshold counts distinct keys.", keysAttr, k)
+		}
+		seen[k] = true
+	}
+	if threshold == nil {
+		return 1
+	}
+	if *threshold < 1 || *threshold > len(keys) {
+		v.errorf(at(body, thrAttr), "Invalid signature threshold", "store: %s = %d with %d key(s) in %s; it must be between 1 and the number of keys.", thrAttr, *threshold, len(keys), keysAttr)
+	}
+	return *threshold
 }
 
 func nonNil(s []string) []string {
