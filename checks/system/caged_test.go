@@ -217,7 +217,6 @@ func TestCagedOnSystemd(t *testing.T) {
 		t.Fatalf("status --json: %s", js)
 	}
 
-
 	// Who hears about it: a stranger's dbus-monitor on the system bus, and
 	// the declared viewer's cagectl events.
 	sh("setpriv --reuid=34 --regid=34 --clear-groups dbus-monitor --system >/run/stranger.mon 2>&1 & echo $! >/run/stranger.pid")
