@@ -43,8 +43,8 @@ var _ bus.RunBackend = (*Daemon)(nil)
 type run struct {
 	name, backend, by string
 	uid               uint32
-	sender            string // the caller's unique bus name: the run ends when it leaves
-	dir               string // paths.RunDir, on the host
+	sender            string    // the caller's unique bus name: the run ends when it leaves
+	dir               string    // paths.RunDir, on the host
 	started           time.Time // StartRun was called
 	up                time.Time // the start job finished
 	binds             []verifiedBind
