@@ -80,6 +80,28 @@ func TestStageDecide(t *testing.T) {
 	}
 }
 
+func TestStageDecideRules(t *testing.T) {
+	st, _ := stageState(t)
+	st.pol = &policy.Policy{WebSocket: false, HTTPRules: []policy.HTTPRule{{Name: "no-batch", Hosts: []string{"api.example.com"}, Paths: []string{"/batch"}, Action: policy.ActionDeny}}}
+	tg := stageTarget(st, "api.example.com")
+	for _, c := range []struct {
+		path string
+		ws   bool
+		want string
+	}{{"/batch", false, "http_rule:no-batch"}, {"/v1", false, ""}, {"/v1", true, "websocket"}} {
+		r := httptest.NewRequest("POST", "https://api.example.com"+c.path, nil)
+		if _, b := decideRules(st, tg, r, c.ws); rule(b) != c.want {
+			t.Errorf("%s ws=%v: rule %q, want %q", c.path, c.ws, rule(b), c.want)
+		}
+	}
+	r := httptest.NewRequest("GET", "https://api.example.com/ws", nil)
+	r.Header.Set("Connection", "keep-alive, Upgrade")
+	r.Header.Set("Upgrade", "websocket")
+	if !isWebSocket(r) {
+		t.Error("handshake not recognized")
+	}
+}
+
 func TestStageInspectHead(t *testing.T) {
 	st, ph := stageState(t)
 	cases := []struct {
