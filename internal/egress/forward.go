@@ -175,6 +175,11 @@ func decideRequest(st *state, t *target, r *http.Request) *blockedErr {
 // (policy.DecideHTTP: deny wins, a host with allow rules needs a match). It
 // returns the rule that allowed the request, if one did.
 func decideRules(st *state, t *target, r *http.Request, ws bool) (string, *blockedErr) {
+	if ws && !t.tls {
+		// Clients tunnel ws:// through CONNECT (refused: tunnels carry TLS
+		// only); an absolute-form handshake is refused as clearly.
+		return "", block(http.StatusForbidden, "websocket", "WebSocket over plain HTTP is not supported; use wss:// to an intercepted host")
+	}
 	d := st.pol.DecideHTTP(t.host, r.Method, r.URL.EscapedPath(), r.URL.Path, ws)
 	if d.Result == policy.Deny {
 		return "", block(http.StatusForbidden, d.Rule, "%s", d.Reason)

@@ -94,6 +94,10 @@ func TestStageDecideRules(t *testing.T) {
 			t.Errorf("%s ws=%v: rule %q, want %q", c.path, c.ws, rule(b), c.want)
 		}
 	}
+	st.pol.WebSocket = true
+	if _, b := decideRules(st, &target{st: st, host: "api.example.com", port: 80}, httptest.NewRequest("GET", "http://api.example.com/ws", nil), true); rule(b) != "websocket" {
+		t.Errorf("plain-HTTP WebSocket: rule %q", rule(b))
+	}
 	r := httptest.NewRequest("GET", "https://api.example.com/ws", nil)
 	r.Header.Set("Connection", "keep-alive, Upgrade")
 	r.Header.Set("Upgrade", "websocket")
@@ -229,6 +233,11 @@ func TestStageRespond(t *testing.T) {
 	}
 	if rec.Result().Trailer.Get("X-T") != ph {
 		t.Fatalf("trailer %q", rec.Result().Trailer.Get("X-T"))
+	}
+	rec = httptest.NewRecorder()
+	resp = &http.Response{StatusCode: 200, Header: http.Header{"Content-Encoding": {"gzip"}, "Content-Length": {"40"}}, Body: http.NoBody, Request: httptest.NewRequest("HEAD", "https://api.example.com/", nil)}
+	if _, _, err := g.respond(rec, resp, tg); err != nil || rec.Header().Get("Content-Encoding") != "" || rec.Header().Get("Content-Length") != "" {
+		t.Fatalf("HEAD of a gzip body: %v %v", err, rec.Header())
 	}
 	rec = httptest.NewRecorder()
 	resp = &http.Response{StatusCode: 200, Header: http.Header{"Content-Encoding": {"compress"}}, Body: io.NopCloser(strings.NewReader(realAnthropic))}
