@@ -54,6 +54,8 @@ let
       inherit (s) root channel keys threshold generations;
       nix_keys = s.nixKeys;
       expiry_warning = s.expiryWarning;
+      root_keys = s.rootKeys;
+      root_threshold = s.rootThreshold;
     }) cfg.store;
   };
 in

@@ -230,6 +230,8 @@ in
         nixKeys = opt (types.listOf types.str) "Nix binary cache public keys (name:base64).";
         threshold = opt types.ints.positive "Distinct keys that must have signed (default 1).";
         generations = opt types.ints.positive "Store generations kept (default 3).";
+        rootKeys = opt (types.listOf types.str) "PEM public root keys (paths on the host) that sign key rotations (keys/N.json); empty: no rotation.";
+        rootThreshold = opt types.ints.positive "Distinct root keys that must sign a key rotation (default 1).";
         expiryWarning = opt types.str "Report the current generation as expiring this long before its release expires: days (\"7d\") or a duration (\"36h\"); default 7d.";
       };
     }) "The shared read-only tool store and release trust.";

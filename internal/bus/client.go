@@ -222,9 +222,10 @@ func (c *Client) Apply(ctx context.Context, source string) (*ApplyResult, error)
 	return &r, nil
 }
 
-// Rollback switches to generation to (0: the previous one).
-func (c *Client) Rollback(ctx context.Context, to uint64) (from, now uint64, err error) {
-	err = c.call(ctx, "Rollback", []any{&from, &now}, to)
+// Rollback switches to generation to (0: the previous one); force allows a
+// generation the current key set does not vouch for (audited).
+func (c *Client) Rollback(ctx context.Context, to uint64, force bool) (from, now uint64, err error) {
+	err = c.call(ctx, "Rollback", []any{&from, &now}, to, force)
 	return from, now, err
 }
 

@@ -31,7 +31,9 @@ type Backend interface {
 	Quarantine(ctx context.Context, agent, reason, by string) (evidence string, err error)
 	Release(ctx context.Context, agent, by string) error
 	Apply(ctx context.Context, source, by string) (*ApplyResult, error)
-	Rollback(ctx context.Context, to uint64, by string) (from, now uint64, err error)
+	// Rollback switches to an older kept generation; force switches even
+	// to one the current key set does not vouch for (logged as forced).
+	Rollback(ctx context.Context, to uint64, force bool, by string) (from, now uint64, err error)
 	Generations(ctx context.Context) ([]Generation, error)
 	Reload(ctx context.Context, by string) error
 	// ReadAudit returns complete JSONL records from byte offset on (at
@@ -234,14 +236,22 @@ func (s *Server) UpdateAgent(st AgentStatus) {
 	}
 }
 
-// Emit sends a Manager signal. Signals carrying an agent's audit data
-// (paths.BusAuditSignals; args[0] is the agent) are never broadcast: each
-// goes, addressed, to the subscribed callers allowed to view that agent's
-// audit, as ReadAudit would decide now. dbus-daemon does not let other
+// scopedSignals are never broadcast (see Emit): an agent's audit signals,
+// and a throw-away cage's start and summary (the hosts it was refused).
+// The run signals are left out of the bus policy's receive rules: a run's
+// owner must get its summary even if dbus-daemon loaded the policy before
+// the owner's account existed.
+var scopedSignals = append(slices.Clone(paths.BusAuditSignals), SignalRunStarted, SignalRunFinished)
+
+// Emit sends a Manager signal. Signals carrying audit data (scopedSignals;
+// args[0] is the agent or run) are never broadcast: each goes, addressed,
+// to the subscribed callers allowed to view that agent's audit, as
+// ReadAudit would decide now (a run is covered by accounts over every
+// agent, which its owner, an operator, has). dbus-daemon does not let other
 // connections eavesdrop on addressed messages, and the bus policy refuses
-// these signals to anyone but root and the declared accounts.
+// the agent signals to anyone but root and the declared accounts.
 func (s *Server) Emit(signal string, args ...any) {
-	if !slices.Contains(paths.BusAuditSignals, signal) {
+	if !slices.Contains(scopedSignals, signal) {
 		if err := s.conn.Emit(Path, ManagerIface+"."+signal, args...); err != nil {
 			s.log.Warn("emit signal", "signal", signal, "err", err)
 		}
@@ -508,12 +518,12 @@ func (m *manager) Apply(sender dbus.Sender, source string) (ApplyResult, *dbus.E
 	return *res, nil
 }
 
-func (m *manager) Rollback(sender dbus.Sender, to uint64) (uint64, uint64, *dbus.Error) {
+func (m *manager) Rollback(sender dbus.Sender, to uint64, force bool) (uint64, uint64, *dbus.Error) {
 	id, derr := m.s.authorize(sender, ActAdmin, "Rollback")
 	if derr != nil {
 		return 0, 0, derr
 	}
-	from, now, err := m.s.be.Rollback(context.Background(), to, id.String())
+	from, now, err := m.s.be.Rollback(context.Background(), to, force, id.String())
 	return from, now, fail(err)
 }
 
@@ -600,7 +610,7 @@ var argNames = map[string][]string{
 	"ReleaseAgent":    {"name"},
 	"ReadAudit":       {"name", "offset", "max", "records", "next_offset"},
 	"Apply":           {"source", "result"},
-	"Rollback":        {"to", "from", "now"},
+	"Rollback":        {"to", "force", "from", "now"},
 	"ListGenerations": {"generations"},
 	"Quarantine":      {"reason", "evidence"},
 	"StartRun":        {"request", "stdin", "stdout", "stderr", "binds", "secrets", "name"},

@@ -99,7 +99,7 @@ func (f *fakeBackend) Apply(ctx context.Context, source, by string) (*bus.ApplyR
 	return &bus.ApplyResult{Generation: 8, Previous: 7, Channel: "stable", Top: "/nix/store/x-top", Added: 3}, nil
 }
 
-func (f *fakeBackend) Rollback(ctx context.Context, to uint64, by string) (uint64, uint64, error) {
+func (f *fakeBackend) Rollback(ctx context.Context, to uint64, force bool, by string) (uint64, uint64, error) {
 	f.rec("rollback %d by %s", to, by)
 	return 8, 7, nil
 }
@@ -269,7 +269,7 @@ func TestMethodsAsRoot(t *testing.T) {
 	if _, err := c.Apply(ctx, "bad"); err == nil || !strings.Contains(err.Error(), "signature does not verify") {
 		t.Errorf("failed apply reported as %v", err)
 	}
-	from, now, err := c.Rollback(ctx, 0)
+	from, now, err := c.Rollback(ctx, 0, false)
 	if err != nil || from != 8 || now != 7 {
 		t.Fatalf("rollback = %d %d %v", from, now, err)
 	}
@@ -493,7 +493,7 @@ func helper(addr, what string) int {
 	case "apply":
 		_, err = c.Apply(ctx, "/srv/release")
 	case "rollback":
-		_, _, err = c.Rollback(ctx, 0)
+		_, _, err = c.Rollback(ctx, 0, false)
 	case "reload":
 		err = c.Reload(ctx)
 	}

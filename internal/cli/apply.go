@@ -23,7 +23,7 @@ func init() {
 	})
 	register(&command{
 		name:  "rollback",
-		args:  "[--to N] [--offline --store ROOT]",
+		args:  "[--to N] [--force] [--offline --store ROOT --key PUB]",
 		short: "switch the store back to an older kept generation (logged)",
 		run:   runRollback,
 	})
@@ -35,7 +35,7 @@ func logger(env *Env) *slog.Logger {
 
 func runApply(ctx context.Context, env *Env, args []string) error {
 	fl := newFlags(env, "apply")
-	sf := addStoreFlags(fl, true)
+	sf := addStoreFlags(fl, sfKeys|sfChannel|sfApply|sfKeep|sfOffline)
 	verbose := fl.Bool("v", false, "print how long each step took")
 	addr := addBusFlag(fl, env)
 	pos, err := parseFlags(fl, args)
@@ -86,18 +86,20 @@ func runApply(ctx context.Context, env *Env, args []string) error {
 
 func runRollback(ctx context.Context, env *Env, args []string) error {
 	fl := newFlags(env, "rollback")
-	sf := addStoreFlags(fl, true)
+	// Keys: a rollback to a generation signed by a revoked key is refused.
+	sf := addStoreFlags(fl, sfKeys|sfChannel|sfOffline)
 	addr := addBusFlag(fl, env)
 	to := fl.Uint64("to", 0, "generation to switch to (default: the newest older one)")
+	force := fl.Bool("force", false, "switch even to a generation the current key set does not vouch for (a revoked key signed it); logged as forced")
 	pos, err := parseFlags(fl, args)
 	if err != nil {
 		return err
 	}
 	if len(pos) != 0 {
-		return usageError("usage: cagectl rollback [--to N] --offline --store ROOT")
+		return usageError("usage: cagectl rollback [--to N] [--force] --offline --store ROOT --key PUB")
 	}
 	if !sf.offline {
-		return rollbackViaCaged(ctx, env, *addr, *to)
+		return rollbackViaCaged(ctx, env, *addr, *to, *force)
 	}
 	opts := sf.options()
 	opts.Logger = logger(env)
@@ -105,7 +107,7 @@ func runRollback(ctx context.Context, env *Env, args []string) error {
 	if err != nil {
 		return failure(err)
 	}
-	from, n, err := s.Rollback(ctx, *to)
+	from, n, err := s.Rollback(ctx, *to, *force)
 	if err != nil {
 		return failure(err)
 	}
@@ -149,13 +151,13 @@ func printWarnings(env *Env, ws []string) {
 	}
 }
 
-func rollbackViaCaged(ctx context.Context, env *Env, addr string, to uint64) error {
+func rollbackViaCaged(ctx context.Context, env *Env, addr string, to uint64, force bool) error {
 	c, err := dialCaged(ctx, addr)
 	if err != nil {
 		return noCaged("rollback", err)
 	}
 	defer c.Close()
-	from, now, err := c.Rollback(ctx, to)
+	from, now, err := c.Rollback(ctx, to, force)
 	if err != nil {
 		return noCaged("rollback", busError(err))
 	}

@@ -76,7 +76,7 @@ func TestStoreCommandsEndToEnd(t *testing.T) {
 	if !strings.Contains(out, "signatures ok") || !strings.Contains(out, "4 paths") {
 		t.Fatalf("store verify: %q", out)
 	}
-	out = mustRun(t, "rollback", "--offline", "--store", root)
+	out = mustRun(t, "rollback", "--offline", "--store", root, "--key", key+".pub")
 	if !strings.Contains(out, "from generation 2 to 1") {
 		t.Fatalf("rollback: %q", out)
 	}
@@ -214,4 +214,41 @@ func TestStoreExitCodes(t *testing.T) {
 			t.Fatalf("apply once space is back: %q", out)
 		}
 	})
+}
+
+// The operator's rotation, in-process: a root key signs key set 1 (release
+// key 2 replaces key 1) into the next release; apply takes it; a rollback to
+// the generation only key 1 signed is refused (exit 1) until --force, which
+// is logged as forced.
+func TestKeyRotateCommand(t *testing.T) {
+	releasetest.RequireNix(t)
+	top1 := releasetest.Closure(t, "cli-rot1", 64<<10)
+	top2 := releasetest.Closure(t, "cli-rot2", 64<<10)
+	dir := t.TempDir()
+	k1, k2, rootKey := filepath.Join(dir, "k1"), filepath.Join(dir, "k2"), filepath.Join(dir, "root")
+	for _, k := range []string{k1, k2, rootKey} {
+		mustRun(t, "key", "generate", "--out", k)
+	}
+	root := filepath.Join(dir, "store")
+	rel1, rel2 := filepath.Join(dir, "rel1"), filepath.Join(dir, "rel2")
+	mustRun(t, "release", "create", top1, "--key", k1+".key", "--channel", "stable", "--generation", "1", "--expires", "30d", "--out", rel1)
+	mustRun(t, "release", "create", top2, "--key", k2+".key", "--channel", "stable", "--generation", "2", "--expires", "30d", "--out", rel2)
+	out := mustRun(t, "key", "rotate", "--root-key", rootKey+".key", "--version", "1", "--release-key", k2+".pub", "--expires", "365d", "--out", rel2)
+	if !strings.Contains(out, "version 1, 1 release key(s) threshold 1, 1 root key(s) threshold 1") {
+		t.Fatalf("key rotate: %q", out)
+	}
+	if _, errOut, code := cagectl(t, "key", "rotate", "--root-key", rootKey+".key", "--version", "1", "--release-key", k2+".pub", "--out", rel2); code != ExitFailure || !strings.Contains(errOut, "exists") {
+		t.Fatalf("signing version 1 twice: exit %d %q", code, errOut)
+	}
+	args := []string{"--offline", "--store", root, "--channel", "stable", "--key", k1 + ".pub", "--root-key", rootKey + ".pub"}
+	mustRun(t, append([]string{"apply", rel1}, args...)...)
+	mustRun(t, append([]string{"apply", rel2}, args...)...)
+	_, errOut, code := cagectl(t, append([]string{"rollback", "--to", "1"}, args...)...)
+	if code != ExitFailure || !strings.Contains(errOut, "not vouched for by the current key set (version 1)") {
+		t.Fatalf("rollback to a revoked key's generation: exit %d %q", code, errOut)
+	}
+	out, errOut, code = cagectl(t, append([]string{"rollback", "--to", "1", "--force"}, args...)...)
+	if code != 0 || !strings.Contains(out, "from generation 2 to 1") || !strings.Contains(errOut, "FORCED rollback") {
+		t.Fatalf("forced rollback: exit %d %q %q", code, out, errOut)
+	}
 }

@@ -91,6 +91,9 @@ func Canonical(cfg *Config) ([]byte, error) {
 		if len(s.NixKeys) > 0 {
 			m["nix_keys"] = s.NixKeys
 		}
+		if len(s.RootKeys) > 0 {
+			m["root_keys"], m["root_threshold"] = s.RootKeys, s.RootThreshold
+		}
 		doc["store"] = m
 	}
 	b, err := json.MarshalIndent(doc, "", "  ")

@@ -97,6 +97,10 @@ type Store struct {
 	// ExpiryWarning: the current generation is reported as expiring this
 	// long before its release expires (DefaultExpiryWarning).
 	ExpiryWarning time.Duration
+	// RootKeys sign key rotations (docs/store.md "Key rotation");
+	// RootThreshold of them must (default 1). Empty: no rotation.
+	RootKeys      []string
+	RootThreshold int
 }
 
 // Agent returns the agent called name, or nil.

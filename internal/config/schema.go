@@ -143,5 +143,7 @@ type storeV1 struct {
 	Threshold   *int     `hcl:"threshold,optional"`
 	Generations *int     `hcl:"generations,optional"`
 	// ExpiryWarning is days ("7d") or a Go duration ("36h").
-	ExpiryWarning *string `hcl:"expiry_warning,optional"`
+	ExpiryWarning *string  `hcl:"expiry_warning,optional"`
+	RootKeys      []string `hcl:"root_keys,optional"`
+	RootThreshold *int     `hcl:"root_threshold,optional"`
 }

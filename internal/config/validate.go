@@ -755,24 +755,11 @@ func (v *validator) store(s *storeV1) *Store {
 	if len(s.Keys) == 0 {
 		v.errorf(at(s.Body, "keys"), "No trusted keys", "store: keys is empty, so no release could ever be accepted. List the PEM public key files releases are signed with (cagectl key generate makes a pair).")
 	}
-	seen := map[string]bool{}
-	for _, k := range s.Keys {
-		v.checkAbsPath(at(s.Body, "keys"), "key file", k)
-		if seen[k] {
-			v.errorf(at(s.Body, "keys"), "Duplicate key", "store: key %s is listed twice; a threshold counts distinct keys.", k)
-		}
-		seen[k] = true
-	}
+	out.Threshold = v.keyRole(s.Body, "keys", "threshold", s.Keys, s.Threshold)
 	for _, k := range s.NixKeys {
 		name, key, ok := strings.Cut(k, ":")
 		if !ok || name == "" || key == "" {
 			v.errorf(at(s.Body, "nix_keys"), "Invalid Nix public key", "store: %q is not a Nix public key; write \"name:base64\" as `nix key convert-secret-to-public` prints it.", k)
-		}
-	}
-	if s.Threshold != nil {
-		out.Threshold = *s.Threshold
-		if *s.Threshold < 1 || *s.Threshold > len(s.Keys) {
-			v.errorf(at(s.Body, "threshold"), "Invalid signature threshold", "store: threshold = %d with %d key(s); it must be between 1 and the number of keys.", *s.Threshold, len(s.Keys))
 		}
 	}
 	if s.ExpiryWarning != nil {
@@ -782,6 +769,8 @@ func (v *validator) store(s *storeV1) *Store {
 		}
 		out.ExpiryWarning = d
 	}
+	out.RootKeys = s.RootKeys
+	out.RootThreshold = v.keyRole(s.Body, "root_keys", "root_threshold", s.RootKeys, s.RootThreshold)
 	if s.Generations != nil {
 		out.Generations = *s.Generations
 		if *s.Generations < 2 {
@@ -802,6 +791,26 @@ func ParseDays(s string) (time.Duration, error) {
 		return time.Duration(n) * 24 * time.Hour, nil
 	}
 	return time.ParseDuration(s)
+}
+
+// keyRole checks a list of PEM key files and its threshold (default 1):
+// store.keys/threshold and store.root_keys/root_threshold.
+func (v *validator) keyRole(body hcl.Body, keysAttr, thrAttr string, keys []string, threshold *int) int {
+	seen := map[string]bool{}
+	for _, k := range keys {
+		v.checkAbsPath(at(body, keysAttr), "key file", k)
+		if seen[k] {
+			v.errorf(at(body, keysAttr), "Duplicate key", "store: %s lists %s twice; a threshold counts distinct keys.", keysAttr, k)
+		}
+		seen[k] = true
+	}
+	if threshold == nil {
+		return 1
+	}
+	if *threshold < 1 || *threshold > len(keys) {
+		v.errorf(at(body, thrAttr), "Invalid signature threshold", "store: %s = %d with %d key(s) in %s; it must be between 1 and the number of keys.", thrAttr, *threshold, len(keys), keysAttr)
+	}
+	return *threshold
 }
 
 func nonNil(s []string) []string {

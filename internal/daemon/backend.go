@@ -15,6 +15,7 @@ import (
 	"github.com/nixcage/nixcage/internal/quarantine"
 	"github.com/nixcage/nixcage/internal/release"
 	"github.com/nixcage/nixcage/internal/store"
+	"github.com/nixcage/nixcage/internal/version"
 )
 
 var _ bus.Backend = (*Daemon)(nil)
@@ -44,7 +45,7 @@ func (d *Daemon) Status(ctx context.Context) (*bus.Status, error) {
 	gen, channel := d.storeCurrent()
 	d.mu.RLock()
 	st := &bus.Status{
-		Version: Version, Mode: d.o.Units, Config: d.o.Config, Generation: gen, Channel: channel,
+		Version: version.Version, Mode: d.o.Units, Config: d.o.Config, Generation: gen, Channel: channel,
 		StartedUnix: d.started.Unix(), ReconciledUnix: unix(d.reconciled), ReconcileError: d.reconcileErr,
 		Agents: make([]bus.AgentStatus, 0, len(cfg.Agents)),
 	}
@@ -340,10 +341,14 @@ func (d *Daemon) openStore(readOnly bool) (*store.Store, error) {
 	for i, k := range sc.Keys {
 		keys[i] = d.qdirs.Host(k)
 	}
+	rootKeys := make([]string, len(sc.RootKeys))
+	for i, k := range sc.RootKeys {
+		rootKeys[i] = d.qdirs.Host(k)
+	}
 	return store.Open(store.Options{
 		Root: d.qdirs.Host(sc.Root), Channel: sc.Channel, TrustedKeys: keys, NixPublicKeys: sc.NixKeys,
 		Threshold: sc.Threshold, Keep: sc.Generations, Logger: d.log, ReadOnly: readOnly,
-		ExpiryWarning: sc.ExpiryWarning,
+		ExpiryWarning: sc.ExpiryWarning, RootKeyFiles: rootKeys, RootThreshold: sc.RootThreshold,
 	})
 }
 
@@ -435,18 +440,21 @@ func (d *Daemon) storeFailure(op, source, by string, err error) error {
 }
 
 // Rollback switches the store to an older kept generation.
-func (d *Daemon) Rollback(ctx context.Context, to uint64, by string) (uint64, uint64, error) {
+func (d *Daemon) Rollback(ctx context.Context, to uint64, force bool, by string) (uint64, uint64, error) {
 	d.op.Lock()
 	defer d.op.Unlock()
 	s, err := d.openStore(false)
 	if err != nil {
 		return 0, 0, err
 	}
-	from, now, err := s.Rollback(ctx, to)
+	if force {
+		d.log.Warn("rollback with --force requested", "to", to, "by", by)
+	}
+	from, now, err := s.Rollback(ctx, to, force)
 	if err != nil {
 		return 0, 0, d.storeFailure("rollback", "", by, err)
 	}
-	d.log.Warn("store rolled back", "from", from, "to", now, "by", by)
+	d.log.Warn("store rolled back", "from", from, "to", now, "forced", force, "by", by)
 	d.srv.Emit(bus.SignalReleaseApplied, now, from, by)
 	_, channel := d.storeCurrent()
 	d.srv.SetManager(now, channel, d.reconcileErrString())

@@ -29,10 +29,8 @@ import (
 	"github.com/nixcage/nixcage/internal/quarantine"
 	"github.com/nixcage/nixcage/internal/reconcile"
 	"github.com/nixcage/nixcage/internal/render"
+	"github.com/nixcage/nixcage/internal/version"
 )
-
-// Version is set at build time (-ldflags -X).
-var Version = "dev"
 
 // Stdio is the daemon's view of its standard streams; logs go to Err.
 type Stdio struct {
@@ -79,8 +77,13 @@ func Run(ctx context.Context, args []string, stdio Stdio) error {
 	fs.IntVar(&o.Evidence.MaxEntries, "evidence-max-entries", quarantine.DefaultMaxEntries, "look at most at `N` workspace entries per quarantine")
 	fs.DurationVar(&o.Evidence.MaxDuration, "evidence-max-duration", quarantine.DefaultMaxDuration, "stop a quarantine's workspace copy after `D`")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
+	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *showVersion {
+		fmt.Fprintln(stdio.Out, "caged", version.Version)
+		return nil
 	}
 	if o.Evidence.MaxBytes <= 0 || o.Evidence.MaxEntries <= 0 || o.Evidence.MaxDuration <= 0 {
 		return fmt.Errorf("--evidence-max-bytes, --evidence-max-entries and --evidence-max-duration must be positive (defaults %d, %d, %s)",
@@ -207,7 +210,7 @@ func Serve(ctx context.Context, o Options) error {
 	d.lastGeneration = gen
 	// Set before the name is owned: calls may arrive from then on.
 	d.audit = newAuditTail(d, o.PollInterval)
-	if err := d.srv.Export(bus.ManagerProps{Version: Version, Mode: o.Units, Config: o.Config, Channel: channel, Generation: gen}); err != nil {
+	if err := d.srv.Export(bus.ManagerProps{Version: version.Version, Mode: o.Units, Config: o.Config, Channel: channel, Generation: gen}); err != nil {
 		return err
 	}
 	d.publishAgents(ctx)
@@ -230,7 +233,7 @@ func Serve(ctx context.Context, o Options) error {
 	if o.Ready != nil {
 		o.Ready()
 	}
-	d.log.Info("caged ready", "version", Version, "units", o.Units, "config", o.Config, "agents", len(cfg.Agents), "bus", busName(o.Bus))
+	d.log.Info("caged ready", "version", version.Version, "units", o.Units, "config", o.Config, "agents", len(cfg.Agents), "bus", busName(o.Bus))
 
 	for {
 		select {

@@ -41,9 +41,12 @@ func (g *Gateway) respond(w http.ResponseWriter, resp *http.Response, t *target)
 	}
 	redactHeader(m, resp.Header, w.Header(), "", &res)
 	w.WriteHeader(resp.StatusCode)
-	// Headers go now: a stream's first bytes are held back (below), and
-	// the agent should see the response start.
-	_ = http.NewResponseController(w).Flush()
+	// A body of unknown length may be a stream whose first bytes are held
+	// back (below): its headers go now, so the agent sees it start. A body
+	// of known length goes with its headers in one write.
+	if resp.ContentLength < 0 {
+		_ = http.NewResponseController(w).Flush()
+	}
 	var red *redact.Reader
 	if len(m.Forms()) > 0 {
 		red = m.NewReader(src)

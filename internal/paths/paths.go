@@ -44,10 +44,11 @@ const (
 	AgentPath = "/org/nixcage/cage1/agent"
 )
 
-// BusAuditSignals are the Manager signals that carry an agent's audit data
-// (what it sent, who acted on it): caged sends each only to subscribed
-// callers allowed to view that agent, and the rendered bus policy lets only
-// root and the declared accounts receive them at all.
+// BusAuditSignals are the Manager signals that carry a declared agent's
+// audit data (what it sent, who acted on it); the first argument names the
+// agent. caged sends each only to subscribed callers allowed to view that
+// agent, and the rendered bus policy lets only root and the declared
+// accounts receive them at all.
 var BusAuditSignals = []string{"EgressDecision", "AgentQuarantined", "AgentReleased", "AgentKilled"}
 
 // Unit names. Templates are instantiated with the agent name.

@@ -97,7 +97,7 @@ func Create(ctx context.Context, o CreateOptions) (*Manifest, error) {
 		if err != nil {
 			return nil, err
 		}
-		raw, err := readAll(ctx, src, sp.String()[:32]+".narinfo", MaxNarinfoSize)
+		raw, err := ReadFile(ctx, src, sp.String()[:32]+".narinfo", MaxNarinfoSize)
 		if err != nil {
 			return nil, fmt.Errorf("read narinfo of %s: %w", p, err)
 		}

@@ -67,7 +67,11 @@ type PrivateKey struct {
 	ID  string
 	Alg string
 	s   signature.Signer
+	pub *PublicKey
 }
+
+// Public is the key's public half.
+func (k *PrivateKey) Public() *PublicKey { return k.pub }
 
 // KeyID is the hex SHA-256 of the key's PKIX DER encoding: stable across
 // PEM re-encodings and the same for a private key and its public half.
@@ -158,11 +162,15 @@ func ParsePrivateKey(pemBytes []byte) (*PrivateKey, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load signer: %w", err)
 	}
-	id, err := KeyID(cs.Public())
+	pubPEM, err := cryptoutils.MarshalPublicKeyToPEM(cs.Public())
 	if err != nil {
 		return nil, err
 	}
-	return &PrivateKey{ID: id, Alg: alg, s: s}, nil
+	pub, err := ParsePublicKey(pubPEM)
+	if err != nil {
+		return nil, err
+	}
+	return &PrivateKey{ID: pub.ID, Alg: alg, s: s, pub: pub}, nil
 }
 
 // LoadPrivateKey reads a PEM private key file.

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"slices"
 	"strings"
 )
@@ -56,14 +55,9 @@ func ParseSignatures(data []byte) (*Signatures, error) {
 	if len(data) > MaxSignaturesSize {
 		return nil, fmt.Errorf("signature file is %d bytes, more than the %d allowed", len(data), MaxSignaturesSize)
 	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
 	var s Signatures
-	if err := dec.Decode(&s); err != nil {
-		return nil, fmt.Errorf("decode signatures: %w", err)
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return nil, errors.New("decode signatures: trailing data after the JSON object")
+	if err := decodeStrict(data, &s, "signatures"); err != nil {
+		return nil, err
 	}
 	if s.Schema != Schema {
 		return nil, fmt.Errorf("signature file schema %d is not supported", s.Schema)

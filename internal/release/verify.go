@@ -66,7 +66,8 @@ func refuse(format string, args ...any) error {
 	return &Refusal{Reason: fmt.Sprintf(format, args...)}
 }
 
-func readAll(ctx context.Context, src Source, name string, max int64) ([]byte, error) {
+// ReadFile reads name from src, at most max bytes.
+func ReadFile(ctx context.Context, src Source, name string, max int64) ([]byte, error) {
 	rc, err := src.Open(ctx, name, max)
 	if err != nil {
 		return nil, err
@@ -79,14 +80,14 @@ func readAll(ctx context.Context, src Source, name string, max int64) ([]byte, e
 // against pol: signatures and threshold first (nothing else of the manifest
 // is trusted before that), then schema, channel, generation and expiry.
 func Open(ctx context.Context, src Source, pol Policy) (*Release, error) {
-	raw, err := readAll(ctx, src, ManifestFile, MaxManifestSize)
+	raw, err := ReadFile(ctx, src, ManifestFile, MaxManifestSize)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("%s has no %s: is it a release made by `cagectl release create`?", src, ManifestFile)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("read manifest: %w", err)
 	}
-	rawSig, err := readAll(ctx, src, SignaturesFile, MaxSignaturesSize)
+	rawSig, err := ReadFile(ctx, src, SignaturesFile, MaxSignaturesSize)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, refuse("%v: %s is missing; sign the release with `cagectl release create --key`", ErrUnsigned, SignaturesFile)
 	}
@@ -130,7 +131,7 @@ var narURLRe = regexp.MustCompile(`^nar/[0-9a-z]+\.nar(\.xz)?$`)
 // manifest's entry (mix-and-match protection) and, if Nix keys are trusted,
 // carry a valid signature by one of them.
 func (r *Release) Narinfo(ctx context.Context, p PathInfo) (*narinfo.NarInfo, error) {
-	raw, err := readAll(ctx, r.Src, p.HashPart()+".narinfo", MaxNarinfoSize)
+	raw, err := ReadFile(ctx, r.Src, p.HashPart()+".narinfo", MaxNarinfoSize)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, refuse("closure incomplete: the cache has no narinfo for %s", p.Path)
 	}
@@ -353,7 +354,7 @@ func TopNotDirectory(top, kind string) error {
 
 // CheckCacheInfo refuses caches made for another store directory.
 func (r *Release) CheckCacheInfo(ctx context.Context) error {
-	raw, err := readAll(ctx, r.Src, CacheInfoFile, MaxCacheInfoSize)
+	raw, err := ReadFile(ctx, r.Src, CacheInfoFile, MaxCacheInfoSize)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil // optional: Nix writes it, but nothing depends on it
 	}

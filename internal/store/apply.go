@@ -29,16 +29,18 @@ var crashPoint = func(string) {}
 
 // Result summarises an apply.
 type Result struct {
-	Generation uint64
-	Previous   uint64
-	Channel    string
-	Top        string
-	Added      int   // paths unpacked
-	Reused     int   // paths already present
-	Bytes      int64 // NAR bytes unpacked
-	Pruned     []uint64
-	Collected  []string
-	Phases     []Phase // wall time per step, for operators and benchmarks
+	Generation    uint64
+	Previous      uint64
+	Channel       string
+	Top           string
+	Added         int   // paths unpacked
+	Reused        int   // paths already present
+	Bytes         int64 // NAR bytes unpacked
+	Pruned        []uint64
+	Collected     []string
+	Phases        []Phase  // wall time per step, for operators and benchmarks
+	KeySets       []uint64 // key set versions this release brought (rotations)
+	KeySetVersion uint64   // the key set version that verified it
 	// Warnings are failures after the commit point: the generation is
 	// current all the same (cleanup, or recording the counter, failed).
 	Warnings []string
@@ -93,8 +95,19 @@ func (s *Store) Apply(ctx context.Context, src release.Source) (*Result, error) 
 		mark = now
 	}
 	s.progress(Progress{Phase: "verify"})
+	trust, err := s.Trust()
+	if err != nil {
+		return nil, err
+	}
+	trust, rotated, err := s.updateTrust(ctx, src, trust)
+	if err != nil {
+		return nil, err
+	}
+	if err := trust.CheckFresh(s.opts.Now()); err != nil {
+		return nil, &release.Refusal{Reason: err.Error()}
+	}
 	rel, err := release.Open(ctx, src, release.Policy{
-		Keys: s.keys, Threshold: s.opts.Threshold, Channel: s.opts.Channel,
+		Keys: trust.ReleaseKeys, Threshold: trust.ReleaseThreshold, Channel: s.opts.Channel,
 		After: highest, NixKeys: s.nixKeys, Now: s.opts.Now(),
 	})
 	if err != nil {
@@ -104,7 +117,7 @@ func (s *Store) Apply(ctx context.Context, src release.Source) (*Result, error) 
 		return nil, err
 	}
 	m := rel.Manifest
-	res := &Result{Generation: m.Generation, Previous: prev, Channel: m.Channel, Top: m.Top}
+	res := &Result{Generation: m.Generation, Previous: prev, Channel: m.Channel, Top: m.Top, KeySets: rotated, KeySetVersion: trust.Version}
 
 	known, err := s.knownHashes()
 	if err != nil {

@@ -102,7 +102,7 @@ func TestApplyRealNixCache(t *testing.T) {
 	}
 
 	// Rollback is explicit and does not lower the anti-rollback counter.
-	from, to, err := s.Rollback(ctx, 0)
+	from, to, err := s.Rollback(ctx, 0, false)
 	if err != nil || from != 2 || to != 1 {
 		t.Fatalf("rollback %d->%d: %v", from, to, err)
 	}

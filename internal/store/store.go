@@ -48,8 +48,15 @@ type Options struct {
 	Keys          []*release.PublicKey // already parsed keys, added to TrustedKeys
 	NixPublicKeys []string             // "name:base64"; when set every narinfo must be signed
 	Threshold     int                  // distinct trusted keys that must sign; default 1
-	Keep          int                  // generations kept (current included); default 3
-	Workers       int                  // parallel NAR unpackers; default max(2, GOMAXPROCS)
+	// Root keys sign key rotations (keys/<version>.json): RootKeyFiles are
+	// PEM files (store.root_keys), RootKeys already parsed; RootThreshold
+	// distinct ones must sign (store.root_threshold, default 1). Without
+	// root keys the trusted release keys are only the configured ones.
+	RootKeyFiles  []string
+	RootKeys      []*release.PublicKey
+	RootThreshold int
+	Keep          int // generations kept (current included); default 3
+	Workers       int // parallel NAR unpackers; default max(2, GOMAXPROCS)
 	// ExpiryWarning is how long before its release expires the current
 	// generation is reported as expiring (store.expiry_warning; its default
 	// is config.DefaultExpiryWarning). Zero reports only expired.
@@ -73,11 +80,12 @@ type Progress struct {
 
 // Store is an opened store root.
 type Store struct {
-	opts    Options
-	root    string
-	keys    []*release.PublicKey
-	nixKeys []nixsig.PublicKey
-	log     *slog.Logger
+	opts     Options
+	root     string
+	keys     []*release.PublicKey
+	rootKeys []*release.PublicKey
+	nixKeys  []nixsig.PublicKey
+	log      *slog.Logger
 }
 
 const (
@@ -107,6 +115,9 @@ func Open(opts Options) (*Store, error) {
 	if opts.Threshold == 0 {
 		opts.Threshold = 1
 	}
+	if opts.RootThreshold == 0 {
+		opts.RootThreshold = 1
+	}
 	if opts.Workers <= 0 {
 		opts.Workers = max(2, runtime.GOMAXPROCS(0))
 	}
@@ -122,6 +133,11 @@ func Open(opts Options) (*Store, error) {
 		return nil, err
 	}
 	s.keys = append(keys, opts.Keys...)
+	rootKeys, err := release.LoadPublicKeys(opts.RootKeyFiles)
+	if err != nil {
+		return nil, err
+	}
+	s.rootKeys = append(rootKeys, opts.RootKeys...)
 	s.nixKeys, err = release.ParseNixKeys(opts.NixPublicKeys)
 	if err != nil {
 		return nil, err
@@ -492,7 +508,12 @@ func (s *Store) Recover() error {
 // below current when to is 0). It is an explicit operator action: it is
 // logged, and it does not lower the anti-rollback counter, so releases
 // must still be newer than the highest generation ever accepted.
-func (s *Store) Rollback(ctx context.Context, to uint64) (from uint64, _ uint64, err error) {
+//
+// The target must be vouched for by the current key set: signed by a
+// threshold of the release keys trusted now. A generation signed only by a
+// key since revoked is refused unless force is set; a forced rollback is
+// logged as such (store: FORCED rollback ...), with the key set version.
+func (s *Store) Rollback(ctx context.Context, to uint64, force bool) (from uint64, _ uint64, err error) {
 	unlock, err := s.lock()
 	if err != nil {
 		return 0, 0, err
@@ -529,6 +550,17 @@ func (s *Store) Rollback(ctx context.Context, to uint64) (from uint64, _ uint64,
 	if err != nil {
 		return from, 0, err
 	}
+	trust, err := s.Trust()
+	if err != nil {
+		return from, 0, err
+	}
+	vouch := s.vouchedFor(to, trust)
+	if vouch != nil && len(trust.ReleaseKeys) == 0 {
+		vouch = errors.New("no trusted release keys are configured to check it against (store.keys / --key)")
+	}
+	if vouch != nil && !force {
+		return from, 0, fmt.Errorf("rollback refused: generation %d is not vouched for by the current key set (version %d): %v; `cagectl rollback --to %d --force` switches anyway and is logged as forced", to, trust.Version, vouch, to)
+	}
 	for _, p := range m.Paths {
 		if _, err := os.Lstat(filepath.Join(s.storeDir(), p.Name())); err != nil {
 			return from, 0, fmt.Errorf("generation %d is incomplete (%s missing); run `cagectl store verify`", to, p.Name())
@@ -544,7 +576,12 @@ func (s *Store) Rollback(ctx context.Context, to uint64) (from uint64, _ uint64,
 	} else if err != nil {
 		s.log.Warn("store: rollback switched, but syncing the store root failed", "err", err)
 	}
-	s.log.Warn("store: rollback by operator", "from", from, "to", to)
+	if vouch != nil {
+		s.log.Warn("store: FORCED rollback to a generation the current key set does not vouch for",
+			"from", from, "to", to, "key_set_version", trust.Version, "reason", vouch.Error())
+	} else {
+		s.log.Warn("store: rollback by operator", "from", from, "to", to, "key_set_version", trust.Version)
+	}
 	return from, to, nil
 }
 

@@ -65,6 +65,14 @@ func (s *Store) Verify(ctx context.Context, all bool) (*VerifyReport, error) {
 	if len(gens) == 0 {
 		return rep, errors.New("store has no generation yet: apply a release first")
 	}
+	// With release keys given, each generation's signatures are checked
+	// against the key set trusted now (a revoked key's generation fails).
+	var trust *release.Trust
+	if len(s.keys) > 0 || len(s.rootKeys) > 0 {
+		if trust, err = s.Trust(); err != nil {
+			return rep, err
+		}
+	}
 	checked := map[string]bool{}
 	for _, n := range gens {
 		rep.Generations = append(rep.Generations, n)
@@ -73,9 +81,9 @@ func (s *Store) Verify(ctx context.Context, all bool) (*VerifyReport, error) {
 			rep.Problems = append(rep.Problems, Problem{Generation: n, Reason: err.Error()})
 			continue
 		}
-		if len(s.keys) > 0 {
-			if p := s.checkSignatures(n); p != "" {
-				rep.Problems = append(rep.Problems, Problem{Generation: n, Reason: p})
+		if trust != nil {
+			if err := s.vouchedFor(n, trust); err != nil {
+				rep.Problems = append(rep.Problems, Problem{Generation: n, Reason: err.Error()})
 			}
 		}
 		if reason := s.verifyTop(n, m); reason != "" {
@@ -128,25 +136,6 @@ func (s *Store) verifyTop(n uint64, m *release.Manifest) string {
 	}
 	if !fi.IsDir() {
 		return release.TopNotDirectory(m.Top, fileKind(fi.Mode())).Error()
-	}
-	return ""
-}
-
-func (s *Store) checkSignatures(n uint64) string {
-	raw, err := os.ReadFile(filepath.Join(s.genPath(n), release.ManifestFile))
-	if err != nil {
-		return err.Error()
-	}
-	rawSig, err := os.ReadFile(filepath.Join(s.genPath(n), release.SignaturesFile))
-	if err != nil {
-		return err.Error()
-	}
-	sigs, err := release.ParseSignatures(rawSig)
-	if err != nil {
-		return err.Error()
-	}
-	if err := release.VerifySignatures(raw, sigs, s.keys, s.opts.Threshold); err != nil {
-		return err.Error()
 	}
 	return ""
 }

@@ -171,12 +171,18 @@ func init() {
 func (s *Set) Inspect(parts []Part) ([]Finding, []string) {
 	var out []Finding
 	var phs []string
+	st := s.NewStream("")
 	for _, p := range parts {
-		st := s.NewStream(p.Where)
+		// One stream, reset per part, so its buffers are reused.
+		*st = Stream{s: s, where: p.Where, raw: st.raw[:0], masked: st.masked[:0], tok: st.tok[:0]}
 		st.Write(p.Data)
 		st.Close()
-		out = append(out, st.Findings()...)
-		phs = append(phs, st.Placeholders()...)
+		if len(st.findings) > 0 {
+			out = append(out, st.Findings()...)
+		}
+		if len(st.phNames) > 0 {
+			phs = append(phs, st.Placeholders()...)
+		}
 	}
 	return out, phs
 }
