@@ -300,20 +300,4 @@ func TestCagedOnSystemd(t *testing.T) {
 	}
 	sh("cagectl release alpha && cagectl start alpha")
 	waitActive(systest.AgentUnit("alpha"), "active")
-
-	// A gateway crash loop (issue 22 item 4): a config the gateway refuses
-	// makes every restart fail until systemd's start limit stops it and
-	// fails its sockets. The cage is cut off (fail closed); the operator is
-	// told, by status and by an event, and recovers as docs/operations.md
-	// says.
-	cfgFile := "/etc/nixcage/agents/alpha/egress.json"
-	sh("cp " + cfgFile + " /run/egress.json.good && echo '{broken' > " + cfgFile)
-	sh("systemctl restart cage-egress@alpha.service || true")
-	waitFor("the gateway's start limit", `[ "$(systemctl show -P Result cage-egress@alpha.service)" = start-limit-hit ]`)
-	waitFor("caged status names the start limit", "cagectl status | grep '^alpha' | grep -q 'failed: start limit hit'")
-	waitFor("the viewer's event names it", "grep EgressFailed /run/viewer.events | grep -q 'gateway failed: start limit hit'")
-	t.Logf("status with the gateway down:\n%s", sh("cagectl status"))
-	sh("cp /run/egress.json.good " + cfgFile + " && cagectl restart alpha")
-	waitActive("cage-egress@alpha.socket", "active")
-	waitFor("caged status recovers", "! cagectl status | grep '^alpha' | grep -q 'start limit'")
 }

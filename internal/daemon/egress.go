@@ -27,7 +27,11 @@ func egressUnits(agent string) (service, socket string) {
 }
 
 // egressFailure says why an agent's egress is down, from the units' states
-// and (for failed ones) systemd's Result; "" when it is not failed.
+// and (for failed ones) systemd's Result; "" when it is not failed. On
+// systemd 252 the start limit shows on the socket (Result
+// service-start-limit-hit) while the service keeps Result exit-code; the
+// service's own start-limit-hit is checked too, for a gateway started
+// without its socket.
 func (d *Daemon) egressFailure(ctx context.Context, agent string, states map[string]reconcile.State) string {
 	svc, sock := egressUnits(agent)
 	if states[svc].Active != "failed" && states[sock].Active != "failed" {
