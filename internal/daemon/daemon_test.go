@@ -93,7 +93,9 @@ func TestLifecycleKillAndEvents(t *testing.T) {
 		"KillUnit " + unit("beta") + " all 9",
 		// A restart is the whole cage's: the prepare step re-runs (a rotated
 		// secret is picked up), then the agent is started.
-		"ResetFailedUnit " + paths.Instance(paths.PrepTemplate, "beta"), "ResetFailedUnit " + paths.Instance(paths.EgressTemplate, "beta"),
+		"ResetFailedUnit " + paths.Instance(paths.PrepTemplate, "beta"),
+		"ResetFailedUnit " + paths.Instance(paths.ProxySocketTpl, "beta"), "ResetFailedUnit " + paths.Instance(paths.DNSSocketTpl, "beta"),
+		"ResetFailedUnit " + paths.Instance(paths.EgressTemplate, "beta"),
 		"ResetFailedUnit " + unit("beta"), "RestartUnit " + paths.Instance(paths.PrepTemplate, "beta"), "StartUnit " + unit("beta"),
 		"StopUnit " + unit("beta"),
 	}
