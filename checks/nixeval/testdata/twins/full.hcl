@@ -115,3 +115,9 @@ store {
   threshold   = 2
   generations = 5
 }
+
+evidence {
+  max_bytes    = 2147483648
+  max_entries  = 5000
+  max_duration = "90s"
+}

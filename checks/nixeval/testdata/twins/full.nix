@@ -75,5 +75,11 @@
       threshold = 2;
       generations = 5;
     };
+
+    evidence = {
+      maxBytes = 2147483648;
+      maxEntries = 5000;
+      maxDuration = "90s";
+    };
   };
 }
