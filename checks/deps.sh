@@ -8,6 +8,7 @@ pkgs=(
   systemd-container debootstrap                    # systemd-nspawn, booted test machines
   podman runc uidmap                               # podman backend (runc: crun fails on hybrid cgroups)
   nix-bin xz-utils                                 # real Nix stores and binary caches (xz NARs)
+  zsh fish groff-base                              # cagectl's generated completions and man page, checked by their shells
 )
 missing=()
 for p in "${pkgs[@]}"; do

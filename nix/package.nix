@@ -4,7 +4,7 @@
 # vendor.json next to the sha256 of the go.sum it was computed from, so that
 # evaluation warns as soon as go.sum changes without it. Both are written by
 # checks/vendor-hash.sh --update, and CI fails when they are stale.
-{ lib, buildGoModule }:
+{ lib, buildGoModule, installShellFiles }:
 let
   vendor = lib.importJSON ./vendor.json;
   goSum = builtins.hashFile "sha256" ../go.sum;
@@ -12,7 +12,7 @@ let
 in
 lib.warnIf (goSum != vendor.goSum)
   "nixcage: go.sum changed since vendorHash was computed; run checks/vendor-hash.sh --update"
-  (buildGoModule {
+  (buildGoModule rec {
     pname = "nixcage";
     version = "0.1.0";
 
@@ -34,7 +34,22 @@ lib.warnIf (goSum != vendor.goSum)
 
     inherit (vendor) vendorHash;
 
-    ldflags = [ "-s" "-w" ];
+    # The one version variable (internal/version): cagectl --version,
+    # caged --version and caged's Version property (cagectl status) show it.
+    ldflags = [ "-s" "-w" "-X github.com/nixcage/nixcage/internal/version.Version=${version}" ];
+
+    nativeBuildInputs = [ installShellFiles ];
+
+    # Completions and the man page are generated from cagectl's own command
+    # table, so they list exactly the commands and flags this build has.
+    postInstall = ''
+      installShellCompletion --cmd cagectl \
+        --bash <($out/bin/cagectl completion bash) \
+        --zsh <($out/bin/cagectl completion zsh) \
+        --fish <($out/bin/cagectl completion fish)
+      $out/bin/cagectl man > cagectl.1
+      installManPage cagectl.1
+    '';
 
     # Unit tests run in the sandbox; tests needing root, a booted systemd,
     # nix-instantiate or the network skip with a printed reason.

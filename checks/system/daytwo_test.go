@@ -166,6 +166,15 @@ func TestApplyConfigAndRotateSecret(t *testing.T) {
 	for _, a := range []string{"keep", "gone"} {
 		d.waitState(systest.AgentUnit(a), "active")
 	}
+	// Every binary carries the stamped version; caged's status shows its own.
+	for _, c := range []string{"cagectl --version", "caged --version", "cage-egress --version"} {
+		if out := d.sh(c); !strings.Contains(out, systest.Version) {
+			t.Errorf("%s: %q, want %s", c, out, systest.Version)
+		}
+	}
+	if st := d.sh("cagectl status"); !strings.Contains(st, "caged "+systest.Version) {
+		t.Errorf("status does not show caged's version:\n%s", st)
+	}
 	keepID := d.prop(systest.AgentUnit("keep"), "InvocationID")
 	d.sh("systemctl start " + systest.ProxySocket("gone")) // a gateway socket that must go too
 

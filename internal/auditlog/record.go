@@ -78,7 +78,14 @@ func (r Record) Decisions() uint64 {
 // two lines or move the cursor.
 func (r Record) Line() string {
 	target := r.Host
-	if r.Port != 0 {
+	path := r.Path
+	switch {
+	case r.Method == "DNS":
+		// "DNS api.example.com AAAA": the path holds the query type.
+		if path != "" {
+			path = " " + path
+		}
+	case r.Port != 0:
 		target = fmt.Sprintf("%s:%d", r.Host, r.Port)
 	}
 	var why []string
@@ -94,7 +101,7 @@ func (r Record) Line() string {
 	if len(r.Inspectors) > 0 {
 		why = append(why, "inspectors "+strings.Join(r.Inspectors, ","))
 	}
-	return fmt.Sprintf("%s  %-7s  %-7s %s%s  %s", Escape(r.TS), Escape(r.Decision), Escape(r.Method), Escape(target), Escape(r.Path), Escape(strings.Join(why, "; ")))
+	return fmt.Sprintf("%s  %-7s  %-7s %s%s  %s", Escape(r.TS), Escape(r.Decision), Escape(r.Method), Escape(target), Escape(path), Escape(strings.Join(why, "; ")))
 }
 
 // Escape makes s safe to print on a terminal: control bytes (C0, DEL, C1,

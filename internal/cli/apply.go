@@ -35,7 +35,7 @@ func logger(env *Env) *slog.Logger {
 
 func runApply(ctx context.Context, env *Env, args []string) error {
 	fl := newFlags(env, "apply")
-	sf := addStoreFlags(fl, true)
+	sf := addStoreFlags(fl, sfKeys|sfChannel|sfApply|sfKeep|sfOffline)
 	verbose := fl.Bool("v", false, "print how long each step took")
 	addr := addBusFlag(fl, env)
 	pos, err := parseFlags(fl, args)
@@ -86,7 +86,8 @@ func runApply(ctx context.Context, env *Env, args []string) error {
 
 func runRollback(ctx context.Context, env *Env, args []string) error {
 	fl := newFlags(env, "rollback")
-	sf := addStoreFlags(fl, true)
+	// Keys: a rollback to a generation signed by a revoked key is refused.
+	sf := addStoreFlags(fl, sfKeys|sfChannel|sfOffline)
 	addr := addBusFlag(fl, env)
 	to := fl.Uint64("to", 0, "generation to switch to (default: the newest older one)")
 	force := fl.Bool("force", false, "switch even to a generation the current key set does not vouch for (a revoked key signed it); logged as forced")

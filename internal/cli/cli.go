@@ -58,7 +58,10 @@ func usageError(format string, args ...any) error {
 	return &ExitError{Code: ExitUsage, Err: fmt.Errorf(format, args...)}
 }
 
-// command is one cagectl subcommand.
+// command is one cagectl subcommand. Its run makes its flags with newFlags
+// and parses them with parseFlags before doing anything (help and
+// completions capture them that way); a run without flags returns errHelp
+// for a --help argument.
 type command struct {
 	name  string // may contain a space for nested commands: "key generate"
 	args  string // synopsis of positional arguments
@@ -79,25 +82,65 @@ func register(c *command) {
 type Env struct {
 	Stdio
 	Getenv func(string) string
+	// capture, when set, receives every FlagSet the command makes (help
+	// and completion generation).
+	capture func(*flag.FlagSet)
 }
 
 // Run runs cagectl with args (without the program name).
 func Run(ctx context.Context, args []string, stdio Stdio) error {
 	env := &Env{Stdio: stdio, Getenv: os.Getenv}
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" {
 		printUsage(stdio.Out)
 		if len(args) == 0 {
 			return &ExitError{Code: ExitUsage}
 		}
 		return nil
 	}
-	// Longest match first so "key generate" wins over "key".
+	if args[0] == "--version" {
+		args = append([]string{"version"}, args[1:]...)
+	}
+	c, rest := lookup(args)
+	if c == nil {
+		if subs := subcommands(args[0]); len(subs) > 0 {
+			// A group word alone ("cagectl key"): list its commands.
+			printGroup(stdio.Out, args[0], subs)
+			if len(args) > 1 && wantsHelp(args[1:]) {
+				return nil
+			}
+			return &ExitError{Code: ExitUsage}
+		}
+		return usageError("unknown command %q; run 'cagectl help' for the list", args[0])
+	}
+	if wantsHelp(rest) {
+		printHelp(ctx, env, c)
+		return nil
+	}
+	return c.run(ctx, env, rest)
+}
+
+// lookup finds the command args start with, longest match first so that
+// "key generate" wins over "key".
+func lookup(args []string) (*command, []string) {
 	for n := min(2, len(args)); n >= 1; n-- {
 		if c, ok := commands[strings.Join(args[:n], " ")]; ok {
-			return c.run(ctx, env, args[n:])
+			return c, args[n:]
 		}
 	}
-	return usageError("unknown command %q; run 'cagectl help' for the list", args[0])
+	return nil, nil
+}
+
+// wantsHelp reports whether args ask for help before any "--".
+func wantsHelp(args []string) bool {
+	for _, a := range args {
+		switch a {
+		case "--":
+			return false
+		case "-h", "-help", "--help":
+			return true
+		}
+	}
+	return false
 }
 
 // Main runs cagectl and returns the process exit code.
@@ -118,23 +161,53 @@ func Main(ctx context.Context, args []string, stdio Stdio) int {
 }
 
 func printUsage(w io.Writer) {
-	defer fmt.Fprint(w, exitCodesHelp)
-	fmt.Fprintln(w, "usage: cagectl COMMAND [ARGS]\n\ncommands:")
+	fmt.Fprintln(w, "usage: cagectl COMMAND [ARGS]\n       cagectl COMMAND --help\n       cagectl --version\n\ncommands:")
+	for _, n := range commandNames() {
+		fmt.Fprintf(w, "  %-20s %s\n", n, commands[n].short)
+	}
+	fmt.Fprint(w, exitCodesHelp)
+}
+
+// commandNames lists the commands, sorted.
+func commandNames() []string {
 	names := make([]string, 0, len(commands))
 	for n := range commands {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	for _, n := range names {
-		c := commands[n]
-		fmt.Fprintf(w, "  %-28s %s\n", strings.TrimSpace(n+" "+c.args), c.short)
+	return names
+}
+
+// subcommands lists the commands nested under a group word ("key").
+func subcommands(group string) []string {
+	var out []string
+	for _, n := range commandNames() {
+		if g, _, ok := strings.Cut(n, " "); ok && g == group {
+			out = append(out, n)
+		}
 	}
+	return out
+}
+
+func printGroup(w io.Writer, group string, subs []string) {
+	fmt.Fprintf(w, "usage: cagectl %s COMMAND [ARGS]\n\ncommands:\n", group)
+	for _, n := range subs {
+		fmt.Fprintf(w, "  %-20s %s\n", n, commands[n].short)
+	}
+	fmt.Fprintf(w, "\nRun 'cagectl %s COMMAND --help' for one command's flags and examples.\n", group)
 }
 
 // newFlags returns a FlagSet that reports errors instead of exiting.
+// While a command's help is being written (env.capture), it hands the
+// FlagSet over instead, so the flags a help page or completion lists are
+// the ones the command parses.
 func newFlags(env *Env, name string) *flag.FlagSet {
 	fs := flag.NewFlagSet("cagectl "+name, flag.ContinueOnError)
 	fs.SetOutput(env.Err)
+	fs.Usage = func() { fmt.Fprintf(env.Err, "run 'cagectl %s --help' for its flags and examples\n", name) }
+	if env.capture != nil {
+		env.capture(fs)
+	}
 	return fs
 }
 
@@ -142,6 +215,9 @@ func newFlags(env *Env, name string) *flag.FlagSet {
 // positional argument; operators write `render x.hcl --out DIR`).
 func parseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
+	if wantsHelp(args) {
+		return nil, errHelp // only reached while capturing flags (Run handles --help)
+	}
 	for {
 		if err := fs.Parse(args); err != nil {
 			return nil, &ExitError{Code: ExitUsage}

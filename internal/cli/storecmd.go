@@ -42,7 +42,7 @@ func init() {
 // commands take no lock and change nothing.
 func runGenerations(_ context.Context, env *Env, args []string) error {
 	fl := newFlags(env, "generations")
-	sf := addStoreFlags(fl, false)
+	sf := addStoreFlags(fl, sfExpiry)
 	asJSON := fl.Bool("json", false, "print JSON")
 	pos, err := parseFlags(fl, args)
 	if err != nil {
@@ -86,7 +86,7 @@ func runGenerations(_ context.Context, env *Env, args []string) error {
 
 func runStoreVerify(ctx context.Context, env *Env, args []string) error {
 	fl := newFlags(env, "store verify")
-	sf := addStoreFlags(fl, false)
+	sf := addStoreFlags(fl, sfKeys|sfExpiry)
 	all := fl.Bool("all", false, "verify every kept generation, not only the current one")
 	pos, err := parseFlags(fl, args)
 	if err != nil {
@@ -127,7 +127,7 @@ func runStoreVerify(ctx context.Context, env *Env, args []string) error {
 
 func runStoreGC(ctx context.Context, env *Env, args []string) error {
 	fl := newFlags(env, "store gc")
-	sf := addStoreFlags(fl, true)
+	sf := addStoreFlags(fl, sfKeep|sfOffline)
 	pos, err := parseFlags(fl, args)
 	if err != nil {
 		return err

@@ -40,20 +40,40 @@ type storeFlags struct {
 	expiry    time.Duration
 }
 
-func addStoreFlags(fs *flag.FlagSet, writer bool) *storeFlags {
-	sf := &storeFlags{}
+// Which store flags a command takes: each lists only what it reads.
+const (
+	sfKeys    = 1 << iota // --key, --threshold: verifying signatures
+	sfApply               // --nix-key, --jobs: accepting a release
+	sfKeep                // --keep: pruning generations
+	sfOffline             // --offline: acting on the store without caged
+	sfExpiry              // --expiry-warning: reporting a generation close to expiry
+	sfChannel             // --channel: the channel the store follows
+)
+
+func addStoreFlags(fs *flag.FlagSet, which int) *storeFlags {
+	sf := &storeFlags{threshold: 1, rootThr: 1, keep: 3, expiry: config.DefaultExpiryWarning}
 	fs.StringVar(&sf.root, "store", paths.DefaultStoreRoot, "store root `DIR`")
-	fs.Var(&sf.keys, "key", "trusted release public key `PEM` file (repeatable)")
-	fs.IntVar(&sf.threshold, "threshold", 1, "distinct trusted keys that must have signed")
-	fs.Var(&sf.rootKeys, "root-key", "root public key `PEM` file that signs key rotations (store.root_keys; repeatable)")
-	fs.IntVar(&sf.rootThr, "root-threshold", 1, "distinct root keys that must have signed a key rotation")
-	fs.DurationVar(&sf.expiry, "expiry-warning", config.DefaultExpiryWarning, "report the current generation as expiring this long before its release expires (store.expiry_warning)")
-	if writer {
+	if which&sfKeys != 0 {
+		fs.Var(&sf.keys, "key", "trusted release public key `PEM` file (repeatable)")
+		fs.IntVar(&sf.threshold, "threshold", 1, "distinct trusted keys that must have signed")
+		fs.Var(&sf.rootKeys, "root-key", "root public key `PEM` file that signs key rotations (store.root_keys; repeatable)")
+		fs.IntVar(&sf.rootThr, "root-threshold", 1, "distinct root keys that must have signed a key rotation")
+	}
+	if which&sfExpiry != 0 {
+		fs.DurationVar(&sf.expiry, "expiry-warning", config.DefaultExpiryWarning, "report the current generation as expiring this long before its release expires (store.expiry_warning)")
+	}
+	if which&sfChannel != 0 {
 		fs.StringVar(&sf.channel, "channel", "", "channel the store follows")
+	}
+	if which&sfApply != 0 {
 		fs.Var(&sf.nixKeys, "nix-key", "trusted Nix public key `name:base64`; every narinfo must then be signed (repeatable)")
-		fs.IntVar(&sf.keep, "keep", 3, "generations to keep")
-		fs.BoolVar(&sf.offline, "offline", false, "act directly on the store root instead of asking caged (bootstrap, tests)")
 		fs.IntVar(&sf.jobs, "jobs", 0, "NARs unpacked in parallel (0: automatic)")
+	}
+	if which&sfKeep != 0 {
+		fs.IntVar(&sf.keep, "keep", 3, "generations to keep")
+	}
+	if which&sfOffline != 0 {
+		fs.BoolVar(&sf.offline, "offline", false, "act directly on the store root instead of asking caged (as root; bootstrap, tests)")
 	}
 	return sf
 }

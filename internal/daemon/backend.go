@@ -15,6 +15,7 @@ import (
 	"github.com/nixcage/nixcage/internal/quarantine"
 	"github.com/nixcage/nixcage/internal/release"
 	"github.com/nixcage/nixcage/internal/store"
+	"github.com/nixcage/nixcage/internal/version"
 )
 
 var _ bus.Backend = (*Daemon)(nil)
@@ -44,7 +45,7 @@ func (d *Daemon) Status(ctx context.Context) (*bus.Status, error) {
 	gen, channel := d.storeCurrent()
 	d.mu.RLock()
 	st := &bus.Status{
-		Version: Version, Mode: d.o.Units, Config: d.o.Config, Generation: gen, Channel: channel,
+		Version: version.Version, Mode: d.o.Units, Config: d.o.Config, Generation: gen, Channel: channel,
 		StartedUnix: d.started.Unix(), ReconciledUnix: unix(d.reconciled), ReconcileError: d.reconcileErr,
 		Agents: make([]bus.AgentStatus, 0, len(cfg.Agents)),
 	}

@@ -29,10 +29,8 @@ import (
 	"github.com/nixcage/nixcage/internal/quarantine"
 	"github.com/nixcage/nixcage/internal/reconcile"
 	"github.com/nixcage/nixcage/internal/render"
+	"github.com/nixcage/nixcage/internal/version"
 )
-
-// Version is set at build time (-ldflags -X).
-var Version = "dev"
 
 // Stdio is the daemon's view of its standard streams; logs go to Err.
 type Stdio struct {
@@ -73,8 +71,13 @@ func Run(ctx context.Context, args []string, stdio Stdio) error {
 	fs.StringVar(&o.Root, "root", "", "prefix every host path with `DIR` (testing only)")
 	fs.StringVar(&o.BinDir, "bindir", "", "`DIR` holding cage-egress for rendered units (default: caged's own directory)")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
+	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *showVersion {
+		fmt.Fprintln(stdio.Out, "caged", version.Version)
+		return nil
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("caged takes no arguments (got %q); see caged -h", fs.Args())
@@ -196,7 +199,7 @@ func Serve(ctx context.Context, o Options) error {
 	d.lastGeneration = gen
 	// Set before the name is owned: calls may arrive from then on.
 	d.audit = newAuditTail(d, o.PollInterval)
-	if err := d.srv.Export(bus.ManagerProps{Version: Version, Mode: o.Units, Config: o.Config, Channel: channel, Generation: gen}); err != nil {
+	if err := d.srv.Export(bus.ManagerProps{Version: version.Version, Mode: o.Units, Config: o.Config, Channel: channel, Generation: gen}); err != nil {
 		return err
 	}
 	d.publishAgents(ctx)
@@ -219,7 +222,7 @@ func Serve(ctx context.Context, o Options) error {
 	if o.Ready != nil {
 		o.Ready()
 	}
-	d.log.Info("caged ready", "version", Version, "units", o.Units, "config", o.Config, "agents", len(cfg.Agents), "bus", busName(o.Bus))
+	d.log.Info("caged ready", "version", version.Version, "units", o.Units, "config", o.Config, "agents", len(cfg.Agents), "bus", busName(o.Bus))
 
 	for {
 		select {

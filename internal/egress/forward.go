@@ -115,6 +115,16 @@ func (g *Gateway) forwardWith(w http.ResponseWriter, r *http.Request, t *target,
 		g.refuse(w, r, rec, b, start)
 		return
 	}
+	// An upstream that answered before reading the whole body may have had
+	// the rest of it stopped after the answer began: the body's verdict
+	// still goes on record (its offending bytes were never sent).
+	if b := body.blocked(); b != nil {
+		rec.BytesOut, rec.BytesIn = body.sent(), n
+		rec.Decision, rec.Rule, rec.Reason = audit.Blocked, b.rule, b.reason+"; the upstream had begun its answer"
+		rec.DurationMS = time.Since(start).Milliseconds()
+		g.logAudit(rec)
+		return
+	}
 	for _, name := range sortedKeys(res.Near) {
 		flags = append(flags, fmt.Sprintf("%s: near-match of secret %s in the response (an agent guessing at a reflected value)", policy.InspectRealValues, name))
 	}
@@ -165,6 +175,11 @@ func decideRequest(st *state, t *target, r *http.Request) *blockedErr {
 // (policy.DecideHTTP: deny wins, a host with allow rules needs a match). It
 // returns the rule that allowed the request, if one did.
 func decideRules(st *state, t *target, r *http.Request, ws bool) (string, *blockedErr) {
+	if ws && !t.tls {
+		// Clients tunnel ws:// through CONNECT (refused: tunnels carry TLS
+		// only); an absolute-form handshake is refused as clearly.
+		return "", block(http.StatusForbidden, "websocket", "WebSocket over plain HTTP is not supported; use wss:// to an intercepted host")
+	}
 	d := st.pol.DecideHTTP(t.host, r.Method, r.URL.EscapedPath(), r.URL.Path, ws)
 	if d.Result == policy.Deny {
 		return "", block(http.StatusForbidden, d.Rule, "%s", d.Reason)

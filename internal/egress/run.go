@@ -27,6 +27,7 @@ import (
 	"github.com/nixcage/nixcage/internal/paths"
 	"github.com/nixcage/nixcage/internal/policy"
 	"github.com/nixcage/nixcage/internal/stdio"
+	"github.com/nixcage/nixcage/internal/version"
 )
 
 // Stdio is the program's view of the terminal.
@@ -47,6 +48,10 @@ the --listen-* flags. Secrets are read from $CREDENTIALS_DIRECTORY.`
 
 // Run is cage-egress.
 func Run(ctx context.Context, args []string, stdio Stdio) error {
+	if len(args) == 1 && (args[0] == "--version" || args[0] == "version") {
+		fmt.Fprintln(stdio.Out, "cage-egress", version.Version)
+		return nil
+	}
 	if len(args) > 0 && args[0] == "prepare" {
 		return runPrepare(args[1:], stdio)
 	}

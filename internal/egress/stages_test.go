@@ -80,6 +80,32 @@ func TestStageDecide(t *testing.T) {
 	}
 }
 
+func TestStageDecideRules(t *testing.T) {
+	st, _ := stageState(t)
+	st.pol = &policy.Policy{WebSocket: false, HTTPRules: []policy.HTTPRule{{Name: "no-batch", Hosts: []string{"api.example.com"}, Paths: []string{"/batch"}, Action: policy.ActionDeny}}}
+	tg := stageTarget(st, "api.example.com")
+	for _, c := range []struct {
+		path string
+		ws   bool
+		want string
+	}{{"/batch", false, "http_rule:no-batch"}, {"/v1", false, ""}, {"/v1", true, "websocket"}} {
+		r := httptest.NewRequest("POST", "https://api.example.com"+c.path, nil)
+		if _, b := decideRules(st, tg, r, c.ws); rule(b) != c.want {
+			t.Errorf("%s ws=%v: rule %q, want %q", c.path, c.ws, rule(b), c.want)
+		}
+	}
+	st.pol.WebSocket = true
+	if _, b := decideRules(st, &target{st: st, host: "api.example.com", port: 80}, httptest.NewRequest("GET", "http://api.example.com/ws", nil), true); rule(b) != "websocket" {
+		t.Errorf("plain-HTTP WebSocket: rule %q", rule(b))
+	}
+	r := httptest.NewRequest("GET", "https://api.example.com/ws", nil)
+	r.Header.Set("Connection", "keep-alive, Upgrade")
+	r.Header.Set("Upgrade", "websocket")
+	if !isWebSocket(r) {
+		t.Error("handshake not recognized")
+	}
+}
+
 func TestStageInspectHead(t *testing.T) {
 	st, ph := stageState(t)
 	cases := []struct {
@@ -207,6 +233,11 @@ func TestStageRespond(t *testing.T) {
 	}
 	if rec.Result().Trailer.Get("X-T") != ph {
 		t.Fatalf("trailer %q", rec.Result().Trailer.Get("X-T"))
+	}
+	rec = httptest.NewRecorder()
+	resp = &http.Response{StatusCode: 200, Header: http.Header{"Content-Encoding": {"gzip"}, "Content-Length": {"40"}}, Body: http.NoBody, Request: httptest.NewRequest("HEAD", "https://api.example.com/", nil)}
+	if _, _, err := g.respond(rec, resp, tg); err != nil || rec.Header().Get("Content-Encoding") != "" || rec.Header().Get("Content-Length") != "" {
+		t.Fatalf("HEAD of a gzip body: %v %v", err, rec.Header())
 	}
 	rec = httptest.NewRecorder()
 	resp = &http.Response{StatusCode: 200, Header: http.Header{"Content-Encoding": {"compress"}}, Body: io.NopCloser(strings.NewReader(realAnthropic))}

@@ -31,6 +31,10 @@ func ModuleRoot() (string, error) {
 	}
 }
 
+// Version is stamped into every binary the system tests build, as a
+// release build stamps its own (nix/package.nix, docs/install.md).
+const Version = "0.0.0-systest"
+
 // Build compiles a main package of this module as a static binary (no cgo:
 // the machine has its own libc, and the binary must run in any cage) into
 // outDir and returns its path.
@@ -40,7 +44,7 @@ func Build(ctx context.Context, pkg, outDir string) (string, error) {
 		return "", fmt.Errorf("build %s: %w", pkg, err)
 	}
 	out := filepath.Join(outDir, filepath.Base(pkg))
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", out, pkg)
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", "-X github.com/nixcage/nixcage/internal/version.Version="+Version, "-o", out, pkg)
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
