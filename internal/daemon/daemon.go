@@ -115,6 +115,7 @@ type Daemon struct {
 	reconcileErr   string
 	agentGen       map[string]uint64 // store generation an agent started with
 	states         map[string]reconcile.State
+	egressFail     map[string]string // agent -> why its gateway is down (egress.go)
 	audit          *auditTail
 	lastGeneration uint64
 	runs           map[string]*run // throw-away cages by name
@@ -147,7 +148,7 @@ func Serve(ctx context.Context, o Options) error {
 		// unreadable to them. Every file caged writes sets its mode.
 		syscall.Umask(0o022)
 	}
-	d := &Daemon{o: o, log: o.Log, started: time.Now(), qdirs: quarantine.Dirs{Root: o.Root}, agentGen: map[string]uint64{}, states: map[string]reconcile.State{}}
+	d := &Daemon{o: o, log: o.Log, started: time.Now(), qdirs: quarantine.Dirs{Root: o.Root}, agentGen: map[string]uint64{}, states: map[string]reconcile.State{}, egressFail: map[string]string{}}
 	cfg, err := d.loadConfig()
 	if err != nil {
 		return err
@@ -415,6 +416,11 @@ func (d *Daemon) watchUnits(ctx context.Context, updates <-chan *sdbus.Propertie
 			d.mu.Unlock()
 			if d.srv == nil {
 				continue
+			}
+			if !isAgent && s.Active == "failed" && prev.Active != "failed" {
+				// The gateway failed: find out why off this loop (it
+				// must not call systemd), then publish.
+				go d.refresh(ctx, agent)
 			}
 			d.srv.UpdateAgent(d.agentStatus(a))
 			// systemd often repeats a state in a second PropertiesChanged;
