@@ -93,7 +93,9 @@ func TestLifecycleKillAndEvents(t *testing.T) {
 		"KillUnit " + unit("beta") + " all 9",
 		// A restart is the whole cage's: the prepare step re-runs (a rotated
 		// secret is picked up), then the agent is started.
-		"ResetFailedUnit " + paths.Instance(paths.PrepTemplate, "beta"), "ResetFailedUnit " + paths.Instance(paths.EgressTemplate, "beta"),
+		"ResetFailedUnit " + paths.Instance(paths.PrepTemplate, "beta"),
+		"ResetFailedUnit " + paths.Instance(paths.ProxySocketTpl, "beta"), "ResetFailedUnit " + paths.Instance(paths.DNSSocketTpl, "beta"),
+		"ResetFailedUnit " + paths.Instance(paths.EgressTemplate, "beta"),
 		"ResetFailedUnit " + unit("beta"), "RestartUnit " + paths.Instance(paths.PrepTemplate, "beta"), "StartUnit " + unit("beta"),
 		"StopUnit " + unit("beta"),
 	}
@@ -363,6 +365,31 @@ func TestEventsFollowACagedRestart(t *testing.T) {
 		case <-ctx.Done():
 			t.Fatal("no audit signal from the restarted caged reached the stream")
 		}
+	}
+}
+
+// The config's evidence block bounds the copy caged makes.
+func TestEvidenceLimitsComeFromTheConfig(t *testing.T) {
+	c := daemontest.Start(t, twoAgents+`
+evidence {
+  max_entries = 3
+}
+`)
+	ws := c.Path(paths.DefaultWorkspace("alpha"))
+	os.MkdirAll(ws, 0o755)
+	for i := 0; i < 10; i++ {
+		os.WriteFile(filepath.Join(ws, fmt.Sprintf("f%d", i)), []byte("x"), 0o644)
+	}
+	ev, err := c.Client().Quarantine(context.Background(), "alpha", "limits")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(ev, quarantine.SummaryName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), `"stopped": "entry cap of 3 reached"`) || !strings.Contains(string(b), `"max_entries": 3`) {
+		t.Errorf("evidence.json:\n%s", b)
 	}
 }
 

@@ -118,3 +118,9 @@ store {
   root_keys      = ["/etc/nixcage/root-1.pub", "/etc/nixcage/root-2.pub"]
   root_threshold = 2
 }
+
+evidence {
+  max_bytes    = 2147483648
+  max_entries  = 5000
+  max_duration = "90s"
+}

@@ -78,5 +78,11 @@
       rootKeys = [ "/etc/nixcage/root-1.pub" "/etc/nixcage/root-2.pub" ];
       rootThreshold = 2;
     };
+
+    evidence = {
+      maxBytes = 2147483648;
+      maxEntries = 5000;
+      maxDuration = "90s";
+    };
   };
 }
