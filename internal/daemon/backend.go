@@ -262,7 +262,9 @@ func (d *Daemon) Quarantine(ctx context.Context, agent, reason, by string) (stri
 	snap, _ := d.Agent(ctx, agent)
 	res, err := quarantine.Run(ctx, d.units, d.qdirs, quarantine.Request{
 		Agent: agent, Reason: reason, By: by, Workspace: a.Workspace, Status: snap, Log: d.log,
-		Limits: d.o.Evidence,
+		// The config's evidence block, as of this quarantine (a reload
+		// applies to the next one).
+		Limits: quarantine.Limits(d.config().Evidence),
 		Contained: func() {
 			d.log.Warn("agent contained: stopped, egress cut; copying evidence", "agent", agent)
 			if d.o.Contained != nil {

@@ -368,6 +368,31 @@ func TestEventsFollowACagedRestart(t *testing.T) {
 	}
 }
 
+// The config's evidence block bounds the copy caged makes.
+func TestEvidenceLimitsComeFromTheConfig(t *testing.T) {
+	c := daemontest.Start(t, twoAgents+`
+evidence {
+  max_entries = 3
+}
+`)
+	ws := c.Path(paths.DefaultWorkspace("alpha"))
+	os.MkdirAll(ws, 0o755)
+	for i := 0; i < 10; i++ {
+		os.WriteFile(filepath.Join(ws, fmt.Sprintf("f%d", i)), []byte("x"), 0o644)
+	}
+	ev, err := c.Client().Quarantine(context.Background(), "alpha", "limits")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(ev, quarantine.SummaryName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), `"stopped": "entry cap of 3 reached"`) || !strings.Contains(string(b), `"max_entries": 3`) {
+		t.Errorf("evidence.json:\n%s", b)
+	}
+}
+
 // A store disk that fills up under caged: the apply is reported over the
 // bus as an I/O failure (bus.ErrIO, cagectl's exit 5), not as a refusal; no
 // ReleaseApplied signal, status still names generation 1. With space back
