@@ -243,4 +243,25 @@ func TestApplyConfigAndRotateSecret(t *testing.T) {
 	if code, out := d.code("cagectl secret rotate probe nosuch 2>&1"); code != 1 || !strings.Contains(out, "no secret") {
 		t.Errorf("rotate of an undeclared secret: exit %d: %s", code, out)
 	}
+
+	// Host checks on this booted systemd: all pass as installed (warnings,
+	// such as the missing cgroup controllers here, do not fail).
+	if code, out := d.code("cagectl doctor 2>&1"); code != 0 || strings.Contains(out, "FAIL") {
+		t.Errorf("cagectl doctor on a good install: exit %d\n%s", code, out)
+	} else {
+		t.Logf("doctor:\n%s", out)
+	}
+	// A missing secret source is named by validate --host-checks, by start
+	// (instead of systemd's "job dependency"), and by doctor, with the fix.
+	d.sh("rm /etc/nixcage/secrets/api && systemctl stop nixcage-prep@probe.service")
+	missing := "/etc/nixcage/secrets/api does not exist"
+	if code, out := d.code("cagectl validate --host-checks /etc/nixcage/nixcage.json 2>&1"); code != 1 || !strings.Contains(out, missing) || !strings.Contains(out, "fix: create /etc/nixcage/secrets/api") {
+		t.Errorf("validate --host-checks with a missing secret: exit %d\n%s", code, out)
+	}
+	if code, out := d.code("cagectl start probe 2>&1"); code != 1 || !strings.Contains(out, missing) {
+		t.Errorf("start with a missing secret: exit %d\n%s", code, out)
+	}
+	if code, out := d.code("cagectl doctor 2>&1"); code != 1 || !strings.Contains(out, missing) {
+		t.Errorf("doctor with a missing secret: exit %d\n%s", code, out)
+	}
 }

@@ -2,6 +2,8 @@ package bus
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"strings"
 
 	"github.com/godbus/dbus/v5"
@@ -44,6 +46,39 @@ type ConfigBackend interface {
 func init() {
 	argNames["ApplyConfig"] = []string{"files", "dry_run", "plan"}
 	argNames["RotateSecret"] = []string{"name", "secret", "new_placeholder", "result"}
+	argNames["ApplyDir"] = []string{"dir", "result"}
+}
+
+// ApplyDir applies the release in a directory the caller opened and passes
+// as a descriptor: caged reads it through that descriptor, so a release
+// under /root, /home or /tmp (which caged's ProtectHome= and PrivateTmp=
+// hide from it) works, and nothing the caller could not read is read.
+func (m *manager) ApplyDir(sender dbus.Sender, dir dbus.UnixFD) (ApplyResult, *dbus.Error) {
+	f := os.NewFile(uintptr(dir), "release")
+	defer f.Close()
+	id, derr := m.s.authorize(sender, ActAdmin, "ApplyDir")
+	if derr != nil {
+		return ApplyResult{}, derr
+	}
+	if st, err := f.Stat(); err != nil || !st.IsDir() {
+		return ApplyResult{}, newError(ErrorInvalid, "ApplyDir needs a descriptor of a release directory")
+	}
+	// The magic link reaches the directory whatever caged's mount
+	// namespace shows at its path.
+	res, err := m.s.be.Apply(context.Background(), fmt.Sprintf("/proc/self/fd/%d", f.Fd()), id.String())
+	if err != nil {
+		return ApplyResult{}, fail(err)
+	}
+	return *res, nil
+}
+
+// ApplyDir applies the release in the open directory dir.
+func (c *Client) ApplyDir(ctx context.Context, dir *os.File) (*ApplyResult, error) {
+	var r ApplyResult
+	if err := c.call(ctx, "ApplyDir", []any{&r}, dbus.UnixFD(dir.Fd())); err != nil {
+		return nil, err
+	}
+	return &r, nil
 }
 
 func (m *manager) ApplyConfig(sender dbus.Sender, files []ConfigSource, dryRun bool) (ConfigPlan, *dbus.Error) {

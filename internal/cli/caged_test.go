@@ -105,7 +105,8 @@ func TestControlCommandsAndExitCodes(t *testing.T) {
 		{"bad agent name", []string{"kill", "../etc"}, ExitUsage, "not an agent name"},
 		{"quarantine needs a reason", []string{"quarantine", "beta-2"}, ExitUsage, "--reason"},
 		{"no agent given", []string{"start"}, ExitUsage, "usage"},
-		{"apply without a store block", []string{"apply", "/srv/release"}, ExitFailure, "declare store"},
+		{"apply without a store block", []string{"apply", "."}, ExitFailure, "declare store"},
+		{"apply of a directory that is not there", []string{"apply", "/nonexistent/release"}, ExitFailure, "release directory: open /nonexistent/release: no such file"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

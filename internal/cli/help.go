@@ -153,8 +153,8 @@ var help = map[string]helpText{
 		examples: []string{"cagectl store verify", "cagectl store verify --all --key /etc/nixcage/release.pub"},
 	},
 	"validate": {
-		long:     "Checks configuration files as one configuration; every error names file:line:col and the fix. Exit status 1 if invalid.",
-		examples: []string{"cagectl validate cage.hcl", "cagectl validate base.hcl agents.hcl"},
+		long:     "Checks configuration files as one configuration; every error names file:line:col and the fix. With --host-checks it also checks this host for what the config names (secret sources exist and are not empty, store keys, the nspawn or podman program) and names each missing piece with its fix. Exit status 1 if invalid or a host check fails.",
+		examples: []string{"cagectl validate cage.hcl", "cagectl validate base.hcl agents.hcl", "cagectl validate cage.hcl --host-checks"},
 	},
 }
 
