@@ -30,6 +30,10 @@ func dayTwoConfig(sleepers ...string) string {
   allow   = ["api.example.com"]
   inspect = ["api.example.com"]
 }
+account "viewers" {
+  user = "nobody"
+  role = "viewer"
+}
 agent "probe" {
   backend   = "service"
   egress    = "p"
@@ -242,6 +246,12 @@ func TestApplyConfigAndRotateSecret(t *testing.T) {
 	}
 	if code, out := d.code("cagectl secret rotate probe nosuch 2>&1"); code != 1 || !strings.Contains(out, "no secret") {
 		t.Errorf("rotate of an undeclared secret: exit %d: %s", code, out)
+	}
+
+	// A viewer (nobody, who cannot read the journal) reads the agent's logs
+	// through caged.
+	if out := d.sh("setpriv --reuid=65534 --regid=65534 --clear-groups cagectl logs probe -n 50 2>&1"); !strings.Contains(out, "prepared agent probe") || strings.Contains(out, "own rights") {
+		t.Errorf("cagectl logs as a viewer:\n%s", out)
 	}
 
 	// Host checks on this booted systemd: all pass as installed (warnings,

@@ -43,7 +43,17 @@ type ConfigBackend interface {
 	RotateSecret(ctx context.Context, agent, name string, newPlaceholder bool, by string) (string, error)
 }
 
+// LogsBackend serves an agent's journal to viewers who cannot read the
+// journal themselves.
+type LogsBackend interface {
+	// ReadLogs returns journal lines of the agent's units: the newest lines
+	// when cursor is "", else those after cursor; and the cursor to follow
+	// from.
+	ReadLogs(ctx context.Context, agent string, lines uint32, cursor string) ([]string, string, error)
+}
+
 func init() {
+	argNames["ReadLogs"] = []string{"name", "lines", "cursor", "entries", "next_cursor"}
 	argNames["ApplyConfig"] = []string{"files", "dry_run", "plan"}
 	argNames["RotateSecret"] = []string{"name", "secret", "new_placeholder", "result"}
 	argNames["ApplyDir"] = []string{"dir", "result"}
@@ -135,4 +145,26 @@ func (c *Client) RotateSecret(ctx context.Context, agent, secret string, newPlac
 	var msg string
 	err := c.call(ctx, "RotateSecret", []any{&msg}, agent, secret, newPlaceholder)
 	return msg, err
+}
+
+func (m *manager) ReadLogs(sender dbus.Sender, agent string, lines uint32, cursor string) ([]string, string, *dbus.Error) {
+	if _, derr := m.s.authorizeAgent(sender, ActView, agent, "ReadLogs"); derr != nil {
+		return nil, "", derr
+	}
+	if lines == 0 || lines > 10000 {
+		lines = 10000
+	}
+	out, next, err := m.s.be.ReadLogs(context.Background(), agent, lines, cursor)
+	if out == nil {
+		out = []string{}
+	}
+	return out, next, fail(err)
+}
+
+// ReadLogs reads an agent's journal through caged (viewer role).
+func (c *Client) ReadLogs(ctx context.Context, agent string, lines uint32, cursor string) ([]string, string, error) {
+	var out []string
+	var next string
+	err := c.call(ctx, "ReadLogs", []any{&out, &next}, agent, lines, cursor)
+	return out, next, err
 }

@@ -85,7 +85,7 @@ var help = map[string]helpText{
 		examples: []string{"cagectl kill claude"},
 	},
 	"logs": {
-		long:     "journalctl for the agent, its gateway, its prepare step and its namespace unit, interleaved. Reads the journal with the caller's own rights: root and members of systemd-journal or adm see everything.",
+		long:     "journalctl for the agent, its gateway, its prepare step and its namespace unit, interleaved. Root reads the journal itself; anyone else asks caged (viewer role for the agent), and if caged refuses or is down, reads the journal with their own rights (members of systemd-journal or adm see everything). Lines from caged are escaped for the terminal.",
 		examples: []string{"cagectl logs claude", "cagectl logs claude -f", "cagectl logs claude -n 500"},
 	},
 	"quarantine": {
