@@ -27,6 +27,7 @@ let
     }) p.limits;
     dns = lib.mapNullable (d: clean {
       inherit (d) enabled;
+      allow_types = d.allowTypes;
       deny_types = d.denyTypes;
       max_label_length = d.maxLabelLength;
     }) p.dns;
@@ -56,6 +57,11 @@ let
       root_keys = s.rootKeys;
       root_threshold = s.rootThreshold;
     }) cfg.store;
+    evidence = lib.mapNullable (e: clean {
+      max_bytes = e.maxBytes;
+      max_entries = e.maxEntries;
+      max_duration = e.maxDuration;
+    }) cfg.evidence;
   };
 in
 {

@@ -76,6 +76,7 @@ let
       dns = opt (types.submodule {
         options = {
           enabled = opt types.bool "Answer DNS for allowed names (default true).";
+          allowTypes = opt (types.listOf types.str) "Record types answered for allowed names (default A, AAAA, CNAME, HTTPS).";
           denyTypes = opt (types.listOf types.str) "Record types refused even for allowed names.";
           maxLabelLength = opt types.ints.positive "Longest DNS label answered.";
         };
@@ -231,6 +232,14 @@ in
         expiryWarning = opt types.str "Report the current generation as expiring this long before its release expires: days (\"7d\") or a duration (\"36h\"); default 7d.";
       };
     }) "The shared read-only tool store and release trust.";
+
+    evidence = opt (types.submodule {
+      options = {
+        maxBytes = opt types.ints.positive "Workspace file content copied per quarantine, holes included (default 1073741824); what is cut is named in omitted.txt.";
+        maxEntries = opt types.ints.positive "Workspace entries looked at per quarantine (default 100000).";
+        maxDuration = opt types.str "Time limit of a quarantine's workspace copy, a duration such as \"2m\" (default 2m).";
+      };
+    }) "Bounds of each quarantine's evidence copy (docs/operations.md).";
 
     settings = mkOption {
       type = types.submodule { freeformType = types.attrsOf jsonValue; };

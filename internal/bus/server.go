@@ -237,14 +237,22 @@ func (s *Server) UpdateAgent(st AgentStatus) {
 	}
 }
 
-// Emit sends a Manager signal. Signals carrying an agent's audit data
-// (paths.BusAuditSignals; args[0] is the agent) are never broadcast: each
-// goes, addressed, to the subscribed callers allowed to view that agent's
-// audit, as ReadAudit would decide now. dbus-daemon does not let other
+// scopedSignals are never broadcast (see Emit): an agent's audit signals,
+// and a throw-away cage's start and summary (the hosts it was refused).
+// The run signals are left out of the bus policy's receive rules: a run's
+// owner must get its summary even if dbus-daemon loaded the policy before
+// the owner's account existed.
+var scopedSignals = append(slices.Clone(paths.BusAuditSignals), SignalRunStarted, SignalRunFinished)
+
+// Emit sends a Manager signal. Signals carrying audit data (scopedSignals;
+// args[0] is the agent or run) are never broadcast: each goes, addressed,
+// to the subscribed callers allowed to view that agent's audit, as
+// ReadAudit would decide now (a run is covered by accounts over every
+// agent, which its owner, an operator, has). dbus-daemon does not let other
 // connections eavesdrop on addressed messages, and the bus policy refuses
-// these signals to anyone but root and the declared accounts.
+// the agent signals to anyone but root and the declared accounts.
 func (s *Server) Emit(signal string, args ...any) {
-	if !slices.Contains(paths.BusAuditSignals, signal) {
+	if !slices.Contains(scopedSignals, signal) {
 		if err := s.conn.Emit(Path, ManagerIface+"."+signal, args...); err != nil {
 			s.log.Warn("emit signal", "signal", signal, "err", err)
 		}
@@ -634,6 +642,7 @@ var managerSignals = []introspect.Signal{
 	{Name: SignalAgentReleased, Args: []introspect.Arg{{Name: "agent", Type: "s"}, {Name: "by", Type: "s"}}},
 	{Name: SignalAgentKilled, Args: []introspect.Arg{{Name: "agent", Type: "s"}, {Name: "by", Type: "s"}}},
 	{Name: SignalReconciled, Args: []introspect.Arg{{Name: "error", Type: "s"}}},
+	{Name: SignalEgressFailed, Args: []introspect.Arg{{Name: "agent", Type: "s"}, {Name: "reason", Type: "s"}, {Name: "recover", Type: "s"}}},
 	{Name: SignalRunStarted, Args: []introspect.Arg{{Name: "name", Type: "s"}, {Name: "backend", Type: "s"}, {Name: "by", Type: "s"}}},
 	{Name: SignalRunFinished, Args: []introspect.Arg{{Name: "name", Type: "s"}, {Name: "exit_status", Type: "i"}, {Name: "summary", Type: "s"}}},
 }

@@ -246,10 +246,12 @@ account "ops-alpha" {
 	srv.Emit(bus.SignalEgressDecision, "beta-2", "flagged", "api.example.com", "high entropy body", `{"host":"api.example.com"}`)
 	srv.Emit(bus.SignalAgentKilled, "alpha", "root (uid 0)")
 	srv.Emit(bus.SignalAgentStateChanged, "alpha", "failed", "failed")
+	// A throw-away cage's summary names the hosts it was refused.
+	srv.Emit(bus.SignalRunFinished, "run-7", int32(1), `{"name":"run-7","blocked_hosts":["evil.example"]}`)
 	srv.Emit(bus.SignalReconciled, endMarker)
 
 	want := map[string][]string{
-		"viewer (group nogroup)":     {"EgressDecision alpha", "EgressDecision beta-2", "AgentKilled alpha", "AgentStateChanged alpha"},
+		"viewer (group nogroup)":     {"EgressDecision alpha", "EgressDecision beta-2", "AgentKilled alpha", "AgentStateChanged alpha", "RunFinished run-7"},
 		"operator of alpha (uid 33)": {"EgressDecision alpha", "AgentKilled alpha", "AgentStateChanged alpha"},
 		"stranger":                   {"AgentStateChanged alpha"},
 	}
@@ -266,7 +268,7 @@ account "ops-alpha" {
 	}
 	seen := mon.until(t, func(l string) bool { return strings.Contains(l, endMarker) })
 	for _, l := range seen {
-		if strings.Contains(l, "evil.example") || strings.Contains(l, "member=EgressDecision") || strings.Contains(l, "member=AgentKilled") {
+		if strings.Contains(l, "evil.example") || strings.Contains(l, "member=EgressDecision") || strings.Contains(l, "member=AgentKilled") || strings.Contains(l, "member=RunFinished") {
 			t.Fatalf("dbus-monitor as a stranger printed audit data: %q", seen)
 		}
 	}

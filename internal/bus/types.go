@@ -6,9 +6,11 @@
 //
 // The server authorizes every call itself from the caller's uid (asked of the
 // bus, never taken from the message) and groups against the declared
-// accounts; the bus policy only decides who may own the name (root). The
-// typed Client is what cagectl and any other tool use; the wire types below
-// are shared by both sides.
+// accounts; the bus policy decides who may own the name (root) and who may
+// receive audit signals at all. Signals carrying audit data are never
+// broadcast: they are addressed to subscribers (Subscribe) allowed to view
+// the agent. The typed Client is what cagectl and any other tool use; the
+// wire types below are shared by both sides.
 package bus
 
 import (
@@ -47,6 +49,7 @@ const (
 	SignalAgentReleased     = "AgentReleased"     // (s agent, s by)
 	SignalAgentKilled       = "AgentKilled"       // (s agent, s by)
 	SignalReconciled        = "Reconciled"        // (s error) "" on success
+	SignalEgressFailed      = "EgressFailed"      // (s agent, s reason, s recover) the gateway is down for good (start limit hit, ...)
 )
 
 // AgentPath is the object path of an agent. Names are escaped as systemd

@@ -116,6 +116,27 @@ func TestControlCommandsAndExitCodes(t *testing.T) {
 			}
 		})
 	}
+	// A quarantine that cannot keep its evidence says so and exits 1; the
+	// agent is down and marked all the same.
+	ev := c.Path(paths.EvidenceRoot)
+	mustRun(t, "start", "beta-2", "--bus", addr)
+	if err := os.Rename(ev, ev+".saved"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(ev, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, errOut, code := cagectl(t, "quarantine", "beta-2", "--reason", "x", "--bus", addr); code != ExitFailure || !strings.Contains(errOut, "evidence") || !strings.Contains(errOut, "not a directory") {
+		t.Errorf("quarantine with an unwritable evidence root: exit %d, stderr %q", code, errOut)
+	}
+	if a, _ := c.SD.State(unit); a == "active" {
+		t.Error("beta-2 still runs after a quarantine whose evidence failed")
+	}
+	os.Remove(ev)
+	if err := os.Rename(ev+".saved", ev); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, "release", "beta-2", "--bus", addr)
 	mustRun(t, "release", "alpha", "--bus", addr)
 	mustRun(t, "start", "alpha", "--bus", addr)
 	if out := mustRun(t, "reload", "--bus", addr); !strings.Contains(out, "reloaded") {

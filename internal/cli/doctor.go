@@ -20,7 +20,7 @@ func init() {
 		run:   runDoctor,
 	})
 	help["doctor"] = helpText{
-		long: "Checks, in order: systemd's version (247 needed, 252 tested) and that it is PID 1; the cgroup layout and controllers (limits are only enforced with memory, pids and cpu); that a network namespace can be made (as root); the D-Bus policy file; that caged answers on the bus; the store root's owner and modes; every secret source, store key and backend program the config names; and that the installed units are exactly what the config renders (nothing missing, nothing of undeclared agents). Each problem is printed with its fix. Exit status 1 if any check FAILed (warnings do not fail).",
+		long:     "Checks, in order: systemd's version (247 needed, 252 tested) and that it is PID 1; the cgroup layout and controllers (limits are only enforced with memory, pids and cpu); that a network namespace can be made (as root); the D-Bus policy file; that caged answers on the bus; the store root's owner and modes; every secret source, store key and backend program the config names; and that the installed units are exactly what the config renders (nothing missing, nothing of undeclared agents). Each problem is printed with its fix. Exit status 1 if any check FAILed (warnings do not fail).",
 		examples: []string{"cagectl doctor", "cagectl doctor --config /etc/nixcage/nixcage.json --json"},
 	}
 }

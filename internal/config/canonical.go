@@ -96,6 +96,19 @@ func Canonical(cfg *Config) ([]byte, error) {
 		}
 		doc["store"] = m
 	}
+	if e := cfg.Evidence; e != (Evidence{}) {
+		m := map[string]any{}
+		if e.MaxBytes > 0 {
+			m["max_bytes"] = e.MaxBytes
+		}
+		if e.MaxEntries > 0 {
+			m["max_entries"] = e.MaxEntries
+		}
+		if e.MaxDuration > 0 {
+			m["max_duration"] = e.MaxDuration.String()
+		}
+		doc["evidence"] = m
+	}
 	b, err := json.MarshalIndent(doc, "", "  ")
 	if err != nil {
 		return nil, err
@@ -142,6 +155,7 @@ func canonPolicy(p policy.Policy) map[string]any {
 		},
 		"dns": map[string]any{
 			"enabled":          p.DNS.Enabled,
+			"allow_types":      p.DNS.AllowTypes,
 			"deny_types":       p.DNS.DenyTypes,
 			"max_label_length": p.DNS.MaxLabelLength,
 		},

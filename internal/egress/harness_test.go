@@ -46,6 +46,8 @@ type fakeDNS struct {
 	mu      sync.Mutex
 	records map[string][][]string // "name TYPE" -> answer sets of RR text
 	count   map[string]int
+	msgs    []*dns.Msg // every query received, as received
+	ttl     int        // TTL of the answers set() registers
 }
 
 func startFakeDNS(t testing.TB) *fakeDNS {
@@ -73,7 +75,7 @@ func (f *fakeDNS) set(name, typ string, sets ...string) {
 	for _, s := range sets {
 		var rrs []string
 		for _, v := range strings.Split(s, ",") {
-			rrs = append(rrs, fmt.Sprintf("%s 0 IN %s %s", dns.Fqdn(name), typ, v))
+			rrs = append(rrs, fmt.Sprintf("%s %d IN %s %s", dns.Fqdn(name), f.ttl, typ, v))
 		}
 		f.records[k] = append(f.records[k], rrs)
 	}
@@ -91,6 +93,7 @@ func (f *fakeDNS) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 	q := r.Question[0]
 	k := strings.ToLower(q.Name) + " " + dns.TypeToString[q.Qtype]
 	f.mu.Lock()
+	f.msgs = append(f.msgs, r.Copy())
 	n := f.count[k]
 	f.count[k]++
 	known := false

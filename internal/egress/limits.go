@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nixcage/nixcage/internal/egress/ratelimit"
 	"github.com/nixcage/nixcage/internal/policy"
 )
 
@@ -15,13 +16,8 @@ import (
 type limiter struct {
 	rate, burst float64
 	mu          sync.Mutex
-	buckets     map[string]*bucket
+	buckets     map[string]*ratelimit.Bucket
 	now         func() time.Time
-}
-
-type bucket struct {
-	tokens float64
-	last   time.Time
 }
 
 func newLimiter(r policy.RateLimit) *limiter {
@@ -29,7 +25,7 @@ func newLimiter(r policy.RateLimit) *limiter {
 	if burst < 1 {
 		burst = max(1, r.PerSecond)
 	}
-	return &limiter{rate: r.PerSecond, burst: burst, buckets: map[string]*bucket{}, now: time.Now}
+	return &limiter{rate: r.PerSecond, burst: burst, buckets: map[string]*ratelimit.Bucket{}, now: time.Now}
 }
 
 // allow takes one token for host.
@@ -45,16 +41,10 @@ func (l *limiter) allow(host string) bool {
 		if len(l.buckets) > 10000 { // hosts are policy-bounded; this bounds wildcards
 			clear(l.buckets)
 		}
-		b = &bucket{tokens: l.burst, last: now}
+		b = ratelimit.New(l.rate, l.burst)
 		l.buckets[host] = b
 	}
-	b.tokens = min(l.burst, b.tokens+now.Sub(b.last).Seconds()*l.rate)
-	b.last = now
-	if b.tokens < 1 {
-		return false
-	}
-	b.tokens--
-	return true
+	return b.Take(now)
 }
 
 // Read timeouts against slow clients (slowloris). A request header must be

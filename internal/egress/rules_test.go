@@ -5,7 +5,11 @@ package egress
 // record.
 
 import (
+	"bufio"
 	"encoding/json"
+	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -63,5 +67,31 @@ func TestThreatHTTPRules(t *testing.T) {
 				t.Fatalf("refusal body %q: %v", body, err)
 			}
 		})
+	}
+}
+
+// Issue 11 item 9 through the real gateway: a CONNECT refusal and a plain
+// HTTP refusal carry the rule and the fix, as a line or as JSON.
+func TestThreatRefusalsReadable(t *testing.T) {
+	h := newHarness(t, nil)
+	conn, err := net.Dial("tcp", h.proxyAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "CONNECT evil.test:443 HTTP/1.1\r\nHost: evil.test:443\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(conn), &http.Request{Method: http.MethodConnect})
+	if err != nil {
+		t.Fatal(err)
+	}
+	line, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 403 || !strings.HasPrefix(string(line), "nixcage egress: blocked by rule default-deny: ") || !strings.Contains(string(line), "operator: add the host to the egress policy's allow list") {
+		t.Fatalf("CONNECT refusal %d %q", resp.StatusCode, line)
+	}
+	h.want(t, is("CONNECT", "evil.test", 443), audit.Blocked, "default-deny")
+	code, rh, body, err := h.do(h.client(false), "GET", h.httpURL("denied.example.com", "/x"), http.Header{"Accept": {"application/json"}}, "")
+	var d denial
+	if err != nil || code != 403 || json.Unmarshal([]byte(body), &d) != nil || d.Error.Rule != "deny:denied.example.com" || d.Type != "error" || !strings.Contains(d.Error.Message, "deny list") || rh.Get("Content-Type") != "application/json" {
+		t.Fatalf("plain HTTP refusal %d %q %v", code, body, err)
 	}
 }

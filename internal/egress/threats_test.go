@@ -548,14 +548,14 @@ func TestThreatDNS(t *testing.T) {
 	}{
 		{"allowed A", "api.example.com.", dns.TypeA, dns.RcodeSuccess, true, "allow:*.example.com"},
 		{"allowed AAAA", "example.net.", dns.TypeAAAA, dns.RcodeSuccess, true, "allow:example.net"},
-		{"allowed TXT", "example.net.", dns.TypeTXT, dns.RcodeSuccess, true, "allow:example.net"},
-		{"allowed MX", "example.net.", dns.TypeMX, dns.RcodeSuccess, true, "allow:example.net"},
+		{"TXT is not an allowed type", "example.net.", dns.TypeTXT, dns.RcodeRefused, false, "dns-type:TXT"},
+		{"MX is not an allowed type", "example.net.", dns.TypeMX, dns.RcodeRefused, false, "dns-type:MX"},
 		{"denied name", "denied.example.com.", dns.TypeA, dns.RcodeRefused, false, "deny:denied.example.com"},
 		{"unlisted name", "exfil.attacker.test.", dns.TypeA, dns.RcodeRefused, false, "default-deny"},
 		{"denied type ANY", "example.net.", dns.TypeANY, dns.RcodeRefused, false, "dns-deny-type:ANY"},
 		{"denied type AXFR", "example.net.", dns.TypeAXFR, dns.RcodeRefused, false, "dns-deny-type:AXFR"},
 		{"data smuggled in a long label", strings.Repeat("a1b2c3d4", 6) + ".api.example.com.", dns.TypeA, dns.RcodeRefused, false, "dns-label-length"},
-		{"data smuggled under an allowed wildcard", "c2VjcmV0LWRhdGE.x.example.com.", dns.TypeTXT, dns.RcodeNameError, false, "allow:*.example.com"},
+		{"data smuggled under an allowed wildcard", "c2VjcmV0LWRhdGE.x.example.com.", dns.TypeA, dns.RcodeNameError, false, "allow:*.example.com"},
 	}
 	for _, net := range []string{"udp", "tcp"} {
 		for _, c := range cases {

@@ -25,6 +25,13 @@ const (
 	DefaultMaxLabelLength = 63
 )
 
+// DefaultDNSAllowTypes are the record types the cage's resolver answers:
+// addresses (A, AAAA), the aliases inside their answers (CNAME) and the
+// HTTPS records newer clients (curl, browsers' resolvers) ask for first.
+// TXT, MX, SRV and the rest carry more data per answer and nothing an
+// agent behind the proxy needs; a policy lists them if it does.
+var DefaultDNSAllowTypes = []string{"A", "AAAA", "CNAME", "HTTPS"}
+
 // DefaultDNSDenyTypes are refused even for allowed names: zone transfers and
 // ANY only help enumeration and amplification.
 var DefaultDNSDenyTypes = []string{"ANY", "AXFR", "IXFR"}

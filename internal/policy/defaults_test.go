@@ -18,7 +18,7 @@ func TestDocsQuoteDefaults(t *testing.T) {
 			fmt.Sprintf("| rate_limit | %g/s, burst %d, per host |", DefaultRatePerSecond, DefaultRateBurst),
 			fmt.Sprintf("entropy flag (%g bits/byte)", DefaultEntropyBits),
 			fmt.Sprintf("encoded_blobs flag (%d chars; entropy tokens of %d bytes or more)", DefaultBlobMinLength, DefaultEntropyMinLength),
-			fmt.Sprintf("%s refused; labels up to %d", strings.Join(DefaultDNSDenyTypes, ", "), DefaultMaxLabelLength),
+			fmt.Sprintf("| dns | on; %s answered; %s refused; labels up to %d |", strings.Join(DefaultDNSAllowTypes, ", "), strings.Join(DefaultDNSDenyTypes, ", "), DefaultMaxLabelLength),
 			fmt.Sprintf("max_tunnels      = %d\n", DefaultMaxTunnels),
 			fmt.Sprintf("max_header_bytes = %d\n", DefaultMaxHeaderBytes),
 			fmt.Sprintf("max_body_bytes   = %d\n", DefaultMaxBodyBytes),

@@ -106,7 +106,12 @@ type Limits struct {
 // DNS configures the cage's resolver.
 type DNS struct {
 	Enabled bool `json:"enabled"`
-	// DenyTypes are refused even for allowed names (e.g. ANY, AXFR).
+	// AllowTypes are the record types answered for allowed names; empty
+	// means DefaultDNSAllowTypes. Every type is a few more bits per query
+	// an agent can choose, so the set is what programs behind an HTTP
+	// proxy actually ask for.
+	AllowTypes []string `json:"allow_types"`
+	// DenyTypes are refused even if listed in AllowTypes (e.g. ANY, AXFR).
 	DenyTypes []string `json:"deny_types"`
 	// MaxLabelLength caps labels to make tunnelling data through names costly.
 	MaxLabelLength int `json:"max_label_length"`

@@ -1,7 +1,6 @@
 package quarantine
 
 import (
-	"bufio"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -16,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nixcage/nixcage/internal/auditlog"
 )
 
 // Files in an evidence directory.
@@ -142,7 +143,7 @@ func collect(d Dirs, c Collection, dir string, m *manifest) (*walker, error) {
 	if max <= 0 {
 		max = DefaultMaxAudit
 	}
-	if err := copyAudit(d.AuditFile(c.Agent), filepath.Join(dir, AuditName), max, m); err != nil {
+	if err := copyAudit(d.AuditFile(c.Agent), filepath.Join(dir, AuditName), c.Agent, max, m); err != nil {
 		w.omit(AuditName, err.Error())
 	}
 	if c.Workspace != "" {
@@ -186,33 +187,19 @@ func writeFile(dir, name string, b []byte, m *manifest) error {
 	return nil
 }
 
-// copyAudit copies the newest max bytes of the audit log, starting at a
-// record boundary. A missing log (the gateway never ran) is an empty excerpt.
-func copyAudit(src, dst string, max int64, m *manifest) error {
-	f, err := os.Open(src)
-	if errors.Is(err, os.ErrNotExist) {
-		return writeFile(filepath.Dir(dst), filepath.Base(dst), nil, m)
-	}
+// copyAudit writes the audit excerpt (auditlog.Excerpt: every non-DNS
+// record, then the newest DNS records that fit in max bytes, and a summary
+// counting what was left out), opened without following links. A missing
+// log (the gateway never ran) is an empty excerpt.
+func copyAudit(src, dst, agent string, max int64, m *manifest) error {
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(auditlog.Excerpt(pw, src, agent, max)) }()
+	err := copyStream(pr, dst, 0o600, filepath.Base(dst), m)
+	pr.CloseWithError(io.ErrClosedPipe) // lets Excerpt end if copyStream failed first
 	if err != nil {
 		return fmt.Errorf("audit: %w", err)
 	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return fmt.Errorf("audit: %w", err)
-	}
-	var r io.Reader = f
-	if st.Size() > max {
-		if _, err := f.Seek(st.Size()-max, io.SeekStart); err != nil {
-			return fmt.Errorf("audit: %w", err)
-		}
-		br := bufio.NewReader(f)
-		if _, err := br.ReadBytes('\n'); err != nil {
-			return fmt.Errorf("audit: %w", err)
-		}
-		r = br
-	}
-	return copyStream(r, dst, 0o600, filepath.Base(dst), m)
+	return nil
 }
 
 func copyStream(r io.Reader, dst string, mode fs.FileMode, rel string, m *manifest) error {

@@ -283,3 +283,37 @@ func TestEntryCapStopsTheWalk(t *testing.T) {
 	}
 	sha256sumCheck(t, ev.Dir)
 }
+
+// An entry caged cannot read is recorded and skipped. caged runs as root,
+// which reads everything by CAP_DAC_OVERRIDE; as root the test re-runs
+// itself without that capability (setpriv), so a mode-000 file is
+// unreadable as it is to an unprivileged reader.
+func TestUnreadableEntryIsRecorded(t *testing.T) {
+	if os.Geteuid() == 0 && os.Getenv("NIXCAGE_TEST_NO_DAC") == "" {
+		setpriv := testenv.LookPath(t, "setpriv")
+		cmd := exec.Command(setpriv, "--bounding-set=-dac_override,-dac_read_search", "--",
+			os.Args[0], "-test.run=^TestUnreadableEntryIsRecorded$", "-test.v", "-test.count=1")
+		cmd.Env = append(os.Environ(), "NIXCAGE_TEST_NO_DAC=1")
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "--- PASS: TestUnreadableEntryIsRecorded") {
+			t.Fatalf("without CAP_DAC_OVERRIDE: %v\n%s", err, out)
+		}
+		return
+	}
+	f := setup(t, false)
+	ws := filepath.Join(f.root, f.agent.Workspace)
+	must(t, os.WriteFile(filepath.Join(ws, "secret"), []byte("x"), 0o000))
+	must(t, os.Mkdir(filepath.Join(ws, "locked"), 0o000))
+	res := f.quarantine(t)
+	omitted, err := os.ReadFile(filepath.Join(res.Evidence.Dir, quarantine.OmittedName))
+	must(t, err)
+	for _, w := range []string{`"workspace/secret": open: permission denied`, `"workspace/locked": open directory: permission denied (kept empty)`} {
+		if !strings.Contains(string(omitted), w) {
+			t.Errorf("omitted.txt lacks %s:\n%s", w, omitted)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(res.Evidence.Dir, "workspace/notes.txt")); err != nil {
+		t.Errorf("the rest of the workspace was not kept: %v", err)
+	}
+	sha256sumCheck(t, res.Evidence.Dir)
+}

@@ -163,8 +163,10 @@ func mirrorFromSources(text string) string {
 	return ""
 }
 
-// aptProxyEnv returns http_proxy/https_proxy settings from apt's
+// ProxyEnv returns http_proxy/https_proxy settings from apt's
 // configuration, so debootstrap (which runs wget, not apt) goes the same way.
+func ProxyEnv(ctx context.Context) []string { return aptProxyEnv(ctx) }
+
 func aptProxyEnv(ctx context.Context) []string {
 	var env []string
 	for _, kv := range [][2]string{{"Acquire::http::Proxy", "http_proxy"}, {"Acquire::https::Proxy", "https_proxy"}} {

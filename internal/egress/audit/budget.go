@@ -6,6 +6,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/nixcage/nixcage/internal/egress/ratelimit"
 )
 
 // What the agent can make the gateway write is bounded. A cage can send
@@ -38,15 +40,14 @@ type Budget struct {
 
 // DefaultBudget is the gateway's budget for DNS records and for
 // connections refused at the cap.
-var DefaultBudget = Budget{PerSecond: 20, Burst: 200, Window: 10 * time.Second}
+var DefaultBudget = Budget{PerSecond: 20, Burst: 200, Window: 5 * time.Second}
 
 // maxNames bounds the distinct names one summary remembers.
 const maxNames = 4096
 
 type class struct {
 	b       Budget
-	tokens  float64
-	last    time.Time
+	tokens  *ratelimit.Bucket
 	pending map[string]*summary // by decision
 }
 
@@ -80,7 +81,7 @@ func (l *Logger) SetBudget(name string, b Budget) {
 		l.bud.stop, l.bud.done = make(chan struct{}), make(chan struct{})
 		go l.flusher(b.Window, l.bud.stop, l.bud.done)
 	}
-	l.bud.classes[name] = &class{b: b, tokens: float64(b.Burst), last: l.bud.now(), pending: map[string]*summary{}}
+	l.bud.classes[name] = &class{b: b, tokens: ratelimit.New(b.PerSecond, float64(b.Burst)), pending: map[string]*summary{}}
 }
 
 // LogBudgeted logs r if class name has budget left, else counts it into the
@@ -93,10 +94,7 @@ func (l *Logger) LogBudgeted(name string, r Record) error {
 		return l.Log(r)
 	}
 	now := l.bud.now()
-	c.tokens = min(float64(c.b.Burst), c.tokens+now.Sub(c.last).Seconds()*c.b.PerSecond)
-	c.last = now
-	if c.tokens >= 1 {
-		c.tokens--
+	if c.tokens.Take(now) {
 		l.bud.mu.Unlock()
 		return l.Log(r)
 	}

@@ -1,12 +1,18 @@
 // Package dnsfilter is the cage's resolver: it answers names the egress
-// policy allows, for every record type except the policy's deny_types, from
-// the upstream resolver, and refuses everything else. Every query is one
-// audit record.
+// policy allows, for the record types the policy allows, and refuses
+// everything else with REFUSED. Every query is one audit record (within
+// the audit budget; beyond it, counted in summary records).
 //
 // Why a filter at all when all traffic goes through the proxy: DNS is itself
 // an exfiltration channel (data in labels of queries for an attacker's
 // zone), so names outside the policy never leave the host, and long labels
-// are refused before any lookup.
+// are refused before any lookup. And the resolver never forwards what the
+// agent wrote: the upstream query is the gateway's own (the normalized
+// name, a fresh random ID, fixed flags, no sections of the client's), so
+// letter case, IDs, flags, EDNS options and additional records carry
+// nothing to the upstream resolver. What is left to an agent is the choice
+// of allowed name and type, and that is rate-limited, cached and watched
+// (pattern.go).
 package dnsfilter
 
 import (
@@ -16,6 +22,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/miekg/dns"
@@ -38,9 +45,44 @@ type Filter struct {
 	Upstream string // host:port of the upstream resolver
 	Audit    *audit.Logger
 	Timeout  time.Duration
+
+	once    sync.Once
+	cache   *cache
+	lookups *bucket
+	watch   *watcher
 }
 
-// Decide says whether a question may be forwarded, with reason and rule.
+// Refusal is the one rcode for every query the policy refuses (denied or
+// unlisted name, type, class, label, opcode, rate limit, DNS disabled):
+// REFUSED says "this server will not answer that", which is true, where
+// NXDOMAIN would claim the name does not exist (and be cached as such by
+// stub resolvers). Upstream failures are SERVFAIL; the upstream's own
+// answers (NXDOMAIN included) pass through.
+const Refusal = dns.RcodeRefused
+
+// Lookup rate per cage: cache misses that reach the upstream resolver.
+const (
+	LookupsPerSecond = 50
+	LookupBurst      = 200
+)
+
+func (f *Filter) init() {
+	f.once.Do(func() {
+		f.cache = newCache(cacheEntries)
+		f.lookups = newBucket(LookupsPerSecond, LookupBurst)
+		f.watch = newWatcher()
+	})
+}
+
+// TypeName is the name of a record type as policies write it.
+func TypeName(t uint16) string {
+	if s := dns.TypeToString[t]; s != "" {
+		return s
+	}
+	return fmt.Sprintf("TYPE%d", t)
+}
+
+// Decide says whether a question may be answered, with reason and rule.
 func Decide(p *policy.Policy, q dns.Question) (bool, string, string) {
 	name := policy.Normalize(q.Name)
 	if q.Qclass != dns.ClassINET {
@@ -62,25 +104,32 @@ func Decide(p *policy.Policy, q dns.Question) (bool, string, string) {
 	if !ok {
 		return false, "name " + name + " is not allowed by policy", rule
 	}
-	t := dns.TypeToString[q.Qtype]
-	if t == "" {
-		t = fmt.Sprintf("TYPE%d", q.Qtype)
-	}
+	t := TypeName(q.Qtype)
 	for _, d := range p.DNS.DenyTypes {
 		if strings.EqualFold(d, t) {
 			return false, "record type " + t + " is denied by policy", "dns-deny-type:" + t
 		}
 	}
+	allow := p.DNS.AllowTypes
+	if len(allow) == 0 {
+		allow = policy.DefaultDNSAllowTypes
+	}
+	if !slices.ContainsFunc(allow, func(a string) bool { return strings.EqualFold(a, t) }) {
+		return false, fmt.Sprintf("record type %s is not in the policy's dns allow_types %v", t, allow), "dns-type:" + t
+	}
 	return true, "name " + name + " allowed", rule
 }
 
-// ServeDNS answers one query.
+// ServeDNS answers one query: decide, look up (cache, rate limit, the
+// gateway's own upstream query), vet the answers, reply, audit.
 func (f *Filter) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
+	f.init()
 	start := time.Now()
 	cfg := f.Current()
 	rec := audit.Record{Method: "DNS", Port: 53}
 	reply := func(m *dns.Msg, decision, reason, rule string) {
 		rec.Decision, rec.Reason, rec.Rule = decision, reason, rule
+		fitUDP(m, r, w.LocalAddr().Network())
 		if b, err := m.Pack(); err == nil {
 			rec.BytesIn = int64(len(b))
 		}
@@ -88,85 +137,191 @@ func (f *Filter) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 		_ = f.Audit.LogBudgeted(audit.ClassDNS, rec)
 		_ = w.WriteMsg(m)
 	}
+	refuse := func(reason, rule string) {
+		m := new(dns.Msg)
+		m.SetRcode(r, Refusal)
+		m.Extra = nil
+		reply(m, audit.Blocked, reason, rule)
+	}
 	if b, err := r.Pack(); err == nil {
 		rec.BytesOut = int64(len(b))
 	}
 	if r.Opcode != dns.OpcodeQuery || len(r.Question) != 1 || r.Response {
-		m := new(dns.Msg)
-		m.SetRcode(r, dns.RcodeRefused)
-		reply(m, audit.Blocked, "only single-question standard queries are answered", "dns-opcode")
+		refuse("only single-question standard queries are answered", "dns-opcode")
 		return
 	}
 	q := r.Question[0]
 	rec.Host = policy.Normalize(q.Name)
-	rec.Path = dns.TypeToString[q.Qtype]
+	rec.Path = TypeName(q.Qtype)
 	if !cfg.Policy.DNS.Enabled {
-		m := new(dns.Msg)
-		m.SetRcode(r, dns.RcodeRefused)
-		reply(m, audit.Blocked, "DNS is disabled by policy", "dns-disabled")
+		refuse("DNS is disabled by policy", "dns-disabled")
 		return
 	}
 	ok, reason, rule := Decide(cfg.Policy, q)
 	if !ok {
-		m := new(dns.Msg)
-		m.SetRcode(r, dns.RcodeRefused)
-		reply(m, audit.Blocked, reason, rule)
+		refuse(reason, rule)
 		return
 	}
-	resp, err := f.exchange(r, w.LocalAddr().Network())
-	if err != nil {
-		m := new(dns.Msg)
-		m.SetRcode(r, dns.RcodeServerFailure)
-		reply(m, audit.Blocked, "upstream resolver: "+err.Error(), "dns-upstream")
-		return
+	// Watch the pattern before the cache: repeating an exfiltration name
+	// from cache carries no new data, but a new name does, cached or not.
+	unusual, alert := f.watch.observe(rec.Host, rule, start)
+	if alert {
+		_ = f.Audit.Log(audit.Record{Method: "DNS", Host: rec.Host, Port: 53, Path: rec.Path, Decision: audit.Flagged, Rule: "dns-pattern", Reason: "unusual DNS pattern from this cage: " + unusual + "; further lookups like it are flagged, this alert repeats at most once a minute per pattern"})
 	}
-	resp.Id = r.Id
+	key := cacheKey{rec.Host, q.Qtype}
+	resp, cached := f.cache.get(key, start)
+	if !cached {
+		if !f.lookups.take(start) {
+			refuse(fmt.Sprintf("more than %d lookups per second (burst %d) from this cage", LookupsPerSecond, LookupBurst), "dns-rate-limit")
+			return
+		}
+		up, err := f.exchange(rec.Host, q.Qtype, w.LocalAddr().Network())
+		if err != nil {
+			m := new(dns.Msg)
+			m.SetRcode(r, dns.RcodeServerFailure)
+			reply(m, audit.Blocked, "upstream resolver: "+err.Error(), "dns-upstream")
+			return
+		}
+		resp = vetAnswer(up, cfg.Guard)
+		if !resp.truncated {
+			f.cache.put(key, resp, start)
+		}
+	}
+	m := resp.reply(r)
 	decision := audit.Allowed
-	// Drop answers pointing at addresses the proxy would refuse: the cage
-	// cannot use them, and they are the DNS half of a rebinding attack.
-	kept := resp.Answer[:0]
-	var dropped []string
-	for _, rr := range resp.Answer {
-		var ip net.IP
-		switch a := rr.(type) {
-		case *dns.A:
-			ip = a.A
-		case *dns.AAAA:
-			ip = a.AAAA
-		}
-		if ip != nil {
-			if addr, ok := netip.AddrFromSlice(ip); ok {
-				if c, err := cfg.Guard.Check(addr); err != nil {
-					dropped = append(dropped, string(c))
-					continue
-				}
-			}
-		}
-		kept = append(kept, rr)
+	var notes []string
+	if cached {
+		notes = append(notes, "from cache")
 	}
-	resp.Answer = kept
-	if len(dropped) > 0 {
-		slices.Sort(dropped)
-		decision, reason = audit.Flagged, fmt.Sprintf("%s; dropped %d answers pointing at %s addresses", reason, len(dropped), strings.Join(slices.Compact(dropped), ","))
+	if len(resp.dropped) > 0 {
+		decision = audit.Flagged
+		notes = append(notes, fmt.Sprintf("dropped %d answers pointing at %s addresses", resp.droppedN, strings.Join(resp.dropped, ",")))
 	}
-	reply(resp, decision, reason, rule)
+	if unusual != "" {
+		decision = audit.Flagged
+		notes = append(notes, unusual)
+	}
+	if len(notes) > 0 {
+		reason += "; " + strings.Join(notes, "; ")
+	}
+	reply(m, decision, reason, rule)
 }
 
-func (f *Filter) exchange(r *dns.Msg, network string) (*dns.Msg, error) {
+// upstreamQuery is the only message the filter sends upstream: built from
+// the decided name and type alone. A fresh ID from crypto/rand (dns.Id),
+// RD set and every other flag clear, one question in lower case, and a
+// fixed EDNS0 record (1232-byte UDP size, no options, DO clear). Nothing of
+// the client's message (ID, case, flags, EDNS options, additional records)
+// survives into it.
+func upstreamQuery(name string, qtype uint16) *dns.Msg {
+	m := new(dns.Msg)
+	m.Id = dns.Id()
+	m.RecursionDesired = true
+	m.Question = []dns.Question{{Name: dns.Fqdn(name), Qtype: qtype, Qclass: dns.ClassINET}}
+	m.SetEdns0(upstreamUDPSize, false)
+	return m
+}
+
+const upstreamUDPSize = 1232
+
+func (f *Filter) exchange(name string, qtype uint16, network string) (*dns.Msg, error) {
 	timeout := f.Timeout
 	if timeout == 0 {
 		timeout = 5 * time.Second
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	q := r.Copy()
-	// Same transport as the client: a truncated UDP answer goes back
-	// truncated and the client retries over TCP, as it would with any resolver.
-	proto := "udp"
-	if network == "tcp" {
-		proto = "tcp"
-	}
-	c := &dns.Client{Net: proto, Timeout: timeout}
+	q := upstreamQuery(name, qtype)
+	c := &dns.Client{Net: "udp", Timeout: timeout, UDPSize: upstreamUDPSize}
 	resp, _, err := c.ExchangeContext(ctx, q, f.Upstream)
-	return resp, err
+	if err == nil && resp.Truncated {
+		// The gateway retries over TCP itself; the client gets a whole
+		// answer or, over UDP, a truncated one it may retry over TCP.
+		c.Net = "tcp"
+		resp, _, err = c.ExchangeContext(ctx, q, f.Upstream)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if resp.Id != q.Id || len(resp.Question) != 1 || !strings.EqualFold(resp.Question[0].Name, q.Question[0].Name) || resp.Question[0].Qtype != qtype {
+		return nil, fmt.Errorf("upstream answer does not match the query")
+	}
+	return resp, nil
+}
+
+// answer is a vetted upstream answer, ready to be replayed from cache.
+type answer struct {
+	rcode     int
+	rrs       [][]dns.RR // answer, authority
+	dropped   []string   // address classes dropped
+	droppedN  int
+	truncated bool
+	ttl       time.Duration
+}
+
+// vetAnswer keeps the answer and authority sections (no additional
+// section: nothing the cage needs, and glue for names it may not ask
+// about), dropping A/AAAA records pointing at addresses the proxy would
+// refuse: the cage cannot use them, and they are the DNS half of a
+// rebinding attack.
+func vetAnswer(m *dns.Msg, guard *netguard.Guard) *answer {
+	a := &answer{rcode: m.Rcode, truncated: m.Truncated}
+	kept := []dns.RR{}
+	for _, rr := range m.Answer {
+		var ip net.IP
+		switch x := rr.(type) {
+		case *dns.A:
+			ip = x.A
+		case *dns.AAAA:
+			ip = x.AAAA
+		}
+		if ip != nil {
+			if addr, ok := netip.AddrFromSlice(ip); ok {
+				if c, err := guard.Check(addr); err != nil {
+					a.dropped = append(a.dropped, string(c))
+					a.droppedN++
+					continue
+				}
+			}
+		}
+		kept = append(kept, rr)
+	}
+	slices.Sort(a.dropped)
+	a.dropped = slices.Compact(a.dropped)
+	a.rrs = [][]dns.RR{kept, m.Ns}
+	a.ttl = minTTL(a.rrs)
+	return a
+}
+
+// reply is the answer to client message r (the cache has counted its TTLs
+// down already).
+func (a *answer) reply(r *dns.Msg) *dns.Msg {
+	m := new(dns.Msg)
+	m.SetReply(r)
+	m.Rcode = a.rcode
+	m.RecursionAvailable = true
+	m.Truncated = a.truncated
+	sections := []*[]dns.RR{&m.Answer, &m.Ns}
+	for i, rrs := range a.rrs {
+		for _, rr := range rrs {
+			*sections[i] = append(*sections[i], dns.Copy(rr))
+		}
+	}
+	return m
+}
+
+// fitUDP keeps a UDP reply within what the client can take (512 bytes, or
+// its EDNS0 size), setting TC so it retries over TCP; the client's EDNS
+// options are never echoed.
+func fitUDP(m, r *dns.Msg, network string) {
+	m.Extra = nil
+	if network != "udp" {
+		return
+	}
+	size := dns.MinMsgSize
+	if o := r.IsEdns0(); o != nil {
+		size = int(min(max(o.UDPSize(), dns.MinMsgSize), upstreamUDPSize))
+		m.SetEdns0(uint16(size), false)
+	}
+	m.Truncate(size)
 }

@@ -6,6 +6,11 @@
 // blob checks, because they are made to look like real keys and would
 // otherwise flag every legitimate call. Findings carry the inspector, the
 // part and a pattern name, never the matched text.
+//
+// Bodies are inspected as they stream (Stream), in bounded memory; whole
+// parts (URL, headers) go through the same code (Inspect). Real values are
+// looked for in every form redact.Forms lists, with the same Matcher the
+// response redactor uses.
 package inspect
 
 import (
@@ -117,9 +122,6 @@ func (s *Set) Names() []string {
 	return out
 }
 
-// Hold is how many bytes a Stream keeps back before releasing them.
-func (s *Set) Hold() int { return max(s.realHold, s.phHold+s.runHold) }
-
 // pattern is a known secret format. A regexp runs only where one of its
 // literal anchors occurs: most bodies contain none, and the regexps (with
 // \b) cost far more than a substring search.
@@ -171,12 +173,18 @@ func init() {
 func (s *Set) Inspect(parts []Part) ([]Finding, []string) {
 	var out []Finding
 	var phs []string
+	st := s.NewStream("")
 	for _, p := range parts {
-		st := s.NewStream(p.Where)
+		// One stream, reset per part, so its buffers are reused.
+		*st = Stream{s: s, where: p.Where, raw: st.raw[:0], masked: st.masked[:0], tok: st.tok[:0]}
 		st.Write(p.Data)
 		st.Close()
-		out = append(out, st.Findings()...)
-		phs = append(phs, st.Placeholders()...)
+		if len(st.findings) > 0 {
+			out = append(out, st.Findings()...)
+		}
+		if len(st.phNames) > 0 {
+			phs = append(phs, st.Placeholders()...)
+		}
 	}
 	return out, phs
 }

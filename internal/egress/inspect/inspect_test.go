@@ -125,3 +125,27 @@ func names(fs []Finding) string {
 	}
 	return strings.Join(out, ",")
 }
+
+// BenchmarkStream is the streaming inspector over prose (docs/performance.md).
+func BenchmarkStream(b *testing.B) {
+	real := "sk-ant-api03-REALVALUEabcdefghijklmnopqrstuvwxyz012345"
+	ph := "sk-ant-api03-PLACEHOLDERqwertyuiopasdfghjklzxcvbnm0123"
+	set, err := New([]policy.Inspector{
+		{Name: policy.InspectSecretPatterns, Action: policy.ActionBlock},
+		{Name: policy.InspectBodySize, Action: policy.ActionFlag, MaxBytes: 1 << 30},
+		{Name: policy.InspectEntropy, Action: policy.ActionFlag},
+		{Name: policy.InspectEncodedBlobs, Action: policy.ActionFlag, MinLength: 512},
+	}, realMatcher(b, real, ph), map[string]string{"anthropic": ph})
+	if err != nil {
+		b.Fatal(err)
+	}
+	chunk := []byte(strings.Repeat("lorem ipsum dolor sit amet, consectetur adipiscing elit\n", 600)[:32<<10])
+	b.SetBytes(int64(len(chunk)) * 100)
+	for b.Loop() {
+		st := set.NewStream("body")
+		for range 100 {
+			st.Write(chunk)
+		}
+		st.Close()
+	}
+}

@@ -53,7 +53,7 @@ type Stream struct {
 
 // NewStream starts inspecting one part named where ("body").
 func (s *Set) NewStream(where string) *Stream {
-	return &Stream{s: s, where: where, seen: map[string]bool{}, phNames: map[string]bool{}}
+	return &Stream{s: s, where: where}
 }
 
 // Findings are the findings so far, in inspector order.
@@ -118,6 +118,9 @@ func (st *Stream) compact() {
 
 func (st *Stream) add(f Finding) {
 	k := f.Inspector + "\x00" + f.Reason
+	if st.seen == nil {
+		st.seen = map[string]bool{}
+	}
 	if !st.seen[k] {
 		st.seen[k] = true
 		st.findings = append(st.findings, f)
@@ -144,6 +147,9 @@ func (st *Stream) process() []byte {
 	if m > st.phScan {
 		end := s.ph.Scan(st.masked, off(max(st.phScan, st.base)), off(m), func(x redact.Match) {
 			copy(st.masked[x.Offset:], x.Form.Placeholder)
+			if st.phNames == nil {
+				st.phNames = map[string]bool{}
+			}
 			st.phNames[x.Form.Secret] = true
 		}, nil)
 		st.phScan = st.base + int64(end)
