@@ -236,6 +236,14 @@ in
       };
     }) "The shared read-only tool store and release trust.";
 
+    evidence = opt (types.submodule {
+      options = {
+        maxBytes = opt types.ints.positive "Workspace file content copied per quarantine, holes included (default 1073741824); what is cut is named in omitted.txt.";
+        maxEntries = opt types.ints.positive "Workspace entries looked at per quarantine (default 100000).";
+        maxDuration = opt types.str "Time limit of a quarantine's workspace copy, a duration such as \"2m\" (default 2m).";
+      };
+    }) "Bounds of each quarantine's evidence copy (docs/operations.md).";
+
     settings = mkOption {
       type = types.submodule { freeformType = types.attrsOf jsonValue; };
       default = { };

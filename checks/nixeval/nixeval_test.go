@@ -547,7 +547,7 @@ let
   lib = import %s/lib;
   pkgs = {
     stdenv.hostPlatform.system = "x86_64-linux";
-    callPackage = f: args: import f ({ inherit lib; buildGoModule = a: a // { type = "derivation"; }; } // args);
+    callPackage = f: args: import f ({ inherit lib; buildGoModule = a: a // { type = "derivation"; }; installShellFiles = { }; } // args);
     testers.runNixOSTest = t: { type = "derivation"; name = t.name; };
   };
   nixpkgs = {
@@ -732,7 +732,7 @@ func TestGoSumWarning(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			expr := fmt.Sprintf(`(import %s/nix/package.nix { lib = import %s/lib; buildGoModule = a: a; }).pname`, dir, lib)
+			expr := fmt.Sprintf(`(import %s/nix/package.nix { lib = import %s/lib; buildGoModule = a: a; installShellFiles = { }; }).pname`, dir, lib)
 			var stderr bytes.Buffer
 			cmd := exec.Command(ni, "--eval", "--expr", expr)
 			cmd.Stderr = &stderr
@@ -753,7 +753,7 @@ func TestPackageSource(t *testing.T) {
 	lib := nixpkgsLib(t)
 	ni := testenv.LookPath(t, "nix-instantiate")
 	testenv.RequireRoot(t, "copying the source into /nix/store needs root with Debian's single-user Nix")
-	expr := fmt.Sprintf(`let p = import ./nix/package.nix { lib = import %s/lib; buildGoModule = a: a; }; in "${p.src}"`, lib)
+	expr := fmt.Sprintf(`let p = import ./nix/package.nix { lib = import %s/lib; buildGoModule = a: a; installShellFiles = { }; }; in "${p.src}"`, lib)
 	cmd := exec.Command(ni, "--read-write-mode", "--eval", "--expr", expr)
 	cmd.Dir = repoRoot
 	var stderr bytes.Buffer

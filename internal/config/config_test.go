@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/hcl/v2"
 )
@@ -62,6 +63,9 @@ func TestReferenceModel(t *testing.T) {
 	}
 	if cfg.Store == nil || cfg.Store.Threshold != 1 || cfg.Store.Generations != DefaultGenerations {
 		t.Errorf("store = %+v", cfg.Store)
+	}
+	if want := (Evidence{MaxBytes: 2 << 30, MaxEntries: 200000, MaxDuration: 5 * time.Minute}); cfg.Evidence != want {
+		t.Errorf("evidence = %+v, want %+v", cfg.Evidence, want)
 	}
 }
 

@@ -181,7 +181,9 @@ func (d *Daemon) RotateSecret(ctx context.Context, agent, name string, newPlaceh
 // agent if it was running. Quarantined agents are never started.
 func (d *Daemon) restartCage(ctx context.Context, agent string, startAgent bool) error {
 	prep := paths.Instance(paths.PrepTemplate, agent)
-	for _, u := range []string{prep, paths.Instance(paths.EgressTemplate, agent), paths.Instance(paths.AgentTemplate, agent)} {
+	// The sockets too: after a gateway crash loop (start limit hit) they
+	// are failed, and this restart is the documented way back.
+	for _, u := range []string{prep, paths.Instance(paths.ProxySocketTpl, agent), paths.Instance(paths.DNSSocketTpl, agent), paths.Instance(paths.EgressTemplate, agent), paths.Instance(paths.AgentTemplate, agent)} {
 		_ = d.sd.ResetFailedUnitContext(ctx, u)
 	}
 	if err := d.units.Restart(ctx, prep); err != nil {

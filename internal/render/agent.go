@@ -210,13 +210,18 @@ func stateDir(ws string) string { return strings.TrimPrefix(ws, "/var/lib/") }
 // podman, its subcommand); rest are the others. Evaluated at each start, so
 // a restart after an apply picks up the tools.
 func (r *renderer) withStoreBinds(a *config.Agent, backend string, prefix, rest []string) string {
+	return quoteCmd(r.storeBindsArgv(a, backend, prefix, rest))
+}
+
+// storeBindsArgv is withStoreBinds' command before quoting for systemd.
+func (r *renderer) storeBindsArgv(a *config.Agent, backend string, prefix, rest []string) []string {
 	var script strings.Builder
 	fmt.Fprintf(&script, "b=$('%s' store binds --store '%s' --for %s) || exit 1; exec", r.bin("cagectl"), r.storeRoot(), backend)
 	for _, w := range prefix {
 		script.WriteString(" '" + w + "'")
 	}
 	script.WriteString(` $b "$@"`)
-	return quoteCmd(append([]string{"/bin/sh", "-c", script.String(), "nixcage-" + a.Name}, rest...))
+	return append([]string{"/bin/sh", "-c", script.String(), "nixcage-" + a.Name}, rest...)
 }
 
 // serviceBackend runs the agent as the unit itself: a dynamic user whose
