@@ -32,6 +32,7 @@ egress_policy "web" {
   }
   dns {
     enabled          = true
+    allow_types      = ["A", "AAAA", "MX"]
     deny_types       = ["TXT", "ANY"]
     max_label_length = 40
   }

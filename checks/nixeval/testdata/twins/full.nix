@@ -24,6 +24,7 @@
       };
       dns = {
         enabled = true;
+        allowTypes = [ "A" "AAAA" "MX" ];
         denyTypes = [ "TXT" "ANY" ];
         maxLabelLength = 40;
       };
