@@ -396,7 +396,8 @@ evidence {
 // A store disk that fills up under caged: the apply is reported over the
 // bus as an I/O failure (bus.ErrIO, cagectl's exit 5), not as a refusal; no
 // ReleaseApplied signal, status still names generation 1. With space back
-// the same release applies, is signalled and shows in status.
+// the same release applies, is signalled and shows in status, as
+// "expiring" since it expires within the default window.
 func TestApplyOnFullStoreDiskThroughCaged(t *testing.T) {
 	releasetest.RequireNix(t)
 	testenv.RequirePrivileged(t)
@@ -425,10 +426,12 @@ func TestApplyOnFullStoreDiskThroughCaged(t *testing.T) {
 	}
 	releasetest.SmallFSAt(t, store, 16<<20, 2048)
 	rels := t.TempDir()
+	// Generation 2 expires in 3 days: inside the default 7-day window.
+	expires := map[uint64]time.Time{1: releasetest.Expires(), 2: time.Now().Add(72 * time.Hour)}
 	for gen, size := range map[uint64]int{1: 64 << 10, 2: 2 << 20} {
 		top := releasetest.Closure(t, fmt.Sprintf("caged-full-%d", gen), size)
 		if _, err := release.Create(context.Background(), release.CreateOptions{StorePath: top, Keys: []*release.PrivateKey{key},
-			Channel: "stable", Generation: gen, Expires: releasetest.Expires(), Out: filepath.Join(rels, fmt.Sprint(gen)), Compression: "none"}); err != nil {
+			Channel: "stable", Generation: gen, Expires: expires[gen], Out: filepath.Join(rels, fmt.Sprint(gen)), Compression: "none"}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -468,7 +471,15 @@ store {
 	if e.Data["generation"] != "2" || e.Data["previous"] != "1" {
 		t.Fatalf("the first ReleaseApplied signal is %+v, want generation 2 from 1 (none for the failed apply)", e)
 	}
-	if st, _ := cl.Status(ctx); st.Generation != 2 || st.GenerationExpiresUnix == 0 {
-		t.Fatalf("status after apply: %+v", st)
+	st, err := cl.Status(ctx)
+	if err != nil || st.Generation != 2 || st.GenerationExpiresUnix != expires[2].Unix() || st.Freshness != "expiring" || !strings.Contains(st.FreshnessMessage, "publish and apply a fresh one") {
+		t.Fatalf("status after applying a release that expires in 3 days: %+v %v", st, err)
+	}
+	mgr := c.Bus.Conn(t).Object(bus.Name, bus.Path)
+	for prop, want := range map[string]any{"Freshness": "expiring", "GenerationExpires": expires[2].Unix(), "Generation": uint64(2)} {
+		v, err := mgr.GetProperty(bus.ManagerIface + "." + prop)
+		if err != nil || v.Value() != want {
+			t.Errorf("Manager property %s = %v (%v), want %v", prop, v.Value(), err, want)
+		}
 	}
 }
