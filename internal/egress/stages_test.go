@@ -5,6 +5,7 @@ package egress
 // (redact) and the refusal a program reads.
 
 import (
+	"bufio"
 	"bytes"
 	"compress/gzip"
 	"encoding/base64"
@@ -277,4 +278,53 @@ func TestStageRefusal(t *testing.T) {
 			t.Fatalf("body %q", body)
 		}
 	})
+}
+
+// The WebSocket relay alone: a real value split across two frames of one
+// message is caught before any of it is sent, and one from the upstream
+// split the same way reaches the agent as the placeholder.
+func TestStageWebSocketRelay(t *testing.T) {
+	st, ph := stageState(t)
+	s := &wsSession{st: st, t: stageTarget(st, "other.example.com")}
+	frames := func(mask bool, parts ...string) *bufio.Reader {
+		var b bytes.Buffer
+		for i, p := range parts {
+			op := byte(wsContinuation)
+			if i == 0 {
+				op = wsText
+			}
+			writeFrame(&b, i == len(parts)-1, op, []byte(p), mask)
+		}
+		return bufio.NewReader(&b)
+	}
+	msg := "leak " + realAnthropic + " end"
+	cut := 5 + 30
+	var sent bytes.Buffer
+	agent := &wsSide{name: "agent", src: frames(true, msg[:cut], msg[cut:]), dst: &sent, mask: true, wantMsk: true, max: 1 << 20, newMsg: s.inspectMessage, control: s.inspectControl}
+	blk, _ := agent.run()
+	if blk == nil || blk.b.rule != "inspector:real_values" || blk.code != wsPolicyViolation {
+		t.Fatalf("agent side: %+v", blk)
+	}
+	if bytes.Contains(sent.Bytes(), []byte(realAnthropic[13:30])) {
+		t.Fatal("part of the real value was sent upstream")
+	}
+	var got bytes.Buffer
+	upSide := &wsSide{name: "upstream", src: frames(false, msg[:cut], msg[cut:]), dst: &got, max: 1 << 20, newMsg: s.redactMessage, control: s.redactControl}
+	if blk, err := upSide.run(); blk != nil || err != io.EOF {
+		t.Fatalf("upstream side: %+v %v", blk, err)
+	}
+	var msgOut []byte
+	br := bufio.NewReader(&got)
+	for {
+		f, err := readFrameHeader(br)
+		if err != nil {
+			break
+		}
+		p := make([]byte, f.length)
+		io.ReadFull(br, p)
+		msgOut = append(msgOut, p...)
+	}
+	if string(msgOut) != "leak "+ph+" end" || !s.res.Redacted["anthropic"] {
+		t.Fatalf("agent got %q", msgOut)
+	}
 }

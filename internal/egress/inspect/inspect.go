@@ -122,9 +122,6 @@ func (s *Set) Names() []string {
 	return out
 }
 
-// Hold is how many bytes a Stream keeps back before releasing them.
-func (s *Set) Hold() int { return max(s.realHold, s.phHold+s.runHold) }
-
 // pattern is a known secret format. A regexp runs only where one of its
 // literal anchors occurs: most bodies contain none, and the regexps (with
 // \b) cost far more than a substring search.
