@@ -36,6 +36,22 @@ var attempts = map[string]func() unix.Errno{
 	"clone CLONE_NEWUSER":   func() unix.Errno { return child(&unix.SysProcAttr{Cloneflags: unix.CLONE_NEWUSER}) },
 	"unshare CLONE_NEWUSER": func() unix.Errno { return child(&unix.SysProcAttr{Unshareflags: unix.CLONE_NEWUSER}) },
 	"fork and exec":         func() unix.Errno { return child(&unix.SysProcAttr{}) },
+	"fchmodat2 setuid":      func() unix.Errno { return fchmodat2(0o4755) },
+	"fchmodat2 plain":       func() unix.Errno { return fchmodat2(0o755) },
+}
+
+// fchmodat2 changes the mode of a fresh file of this process's own.
+func fchmodat2(mode uint32) unix.Errno {
+	f, err := os.CreateTemp("", "seal-test-")
+	if err != nil {
+		return unix.EIO
+	}
+	f.Close()
+	defer os.Remove(f.Name())
+	p, _ := unix.BytePtrFromString(f.Name())
+	atFDCWD := unix.AT_FDCWD
+	_, _, e := unix.Syscall6(unix.SYS_FCHMODAT2, uintptr(atFDCWD), uintptr(unsafe.Pointer(p)), uintptr(mode), 0, 0, 0)
+	return e
 }
 
 func sock(family, typ int) unix.Errno {
@@ -127,6 +143,8 @@ func TestSeal(t *testing.T) {
 		"clone CLONE_NEWUSER":   "EPERM",
 		"unshare CLONE_NEWUSER": "EPERM",
 		"fork and exec":         "ok",
+		"fchmodat2 setuid":      "EPERM",
+		"fchmodat2 plain":       "ok",
 	}
 	for name, w := range want {
 		t.Run(strings.ReplaceAll(name, " ", "_"), func(t *testing.T) {
