@@ -153,7 +153,7 @@ func TestRunOnSystemd(t *testing.T) {
 	if err := events.Start(); err != nil {
 		t.Fatal(err)
 	}
-	bg := m.Command(ctx, "cagectl", "run", "--name", "visible", "--no-workspace", "--", "sleep", "3")
+	bg := m.Command(ctx, "timeout", "60", "cagectl", "run", "--name", "visible", "--no-workspace", "--", "sleep", "3")
 	if err := bg.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -213,7 +213,7 @@ echo; cat /mnt/ro-data/note; echo x > /mnt/ro-data/new 2>/dev/null && echo bind-
 	}
 
 	// cagectl killed: caged notices the caller left and tears the cage down.
-	gone := m.Command(ctx, "cagectl", "run", "--name", "orphan", "--no-workspace", "--", "sleep", "600")
+	gone := m.Command(ctx, "timeout", "60", "cagectl", "run", "--name", "orphan", "--no-workspace", "--", "sleep", "600")
 	if err := gone.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -233,6 +233,28 @@ echo; cat /mnt/ro-data/note; echo x > /mnt/ro-data/new 2>/dev/null && echo bind-
 			t.Fatal("the cage of a killed cagectl still runs after 10 s")
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+	assertTornDown(t, sh)
+
+	// caged restarting: it tears its runs down first, and their callers
+	// say so and exit 4 (caged unreachable); nothing is left.
+	restarted := m.Command(ctx, "timeout", "60", "cagectl", "run", "--name", "across", "--no-workspace", "--", "sleep", "600")
+	var restartedErr lockedBuffer
+	restarted.Stderr = &restartedErr
+	if err := restarted.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 100; i++ {
+		if st, _ := m.UnitState(ctx, "nixcage-agent@across.service"); st.Active == "active" {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	sh("systemctl restart nixcage-caged.service")
+	err = restarted.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 4 || !strings.Contains(restartedErr.String(), "caged stopped or restarted while cage across ran") {
+		t.Errorf("cagectl run across a caged restart: %v, stderr %q; want exit 4 and the reason", err, restartedErr.String())
 	}
 	assertTornDown(t, sh)
 

@@ -44,6 +44,7 @@ type Backend interface {
 	// HasAgent reports whether agent is declared.
 	HasAgent(agent string) bool
 	ConfigBackend
+	LogsBackend
 }
 
 // Backend errors the server maps to D-Bus error names.

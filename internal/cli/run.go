@@ -280,6 +280,7 @@ func waitRun(ctx context.Context, c *bus.Client, name string, finished <-chan bu
 	}
 	alive := time.NewTicker(time.Second)
 	defer alive.Stop()
+	owner := c.Owner(ctx)
 	for {
 		select {
 		case sum, ok := <-finished:
@@ -298,6 +299,10 @@ func waitRun(ctx context.Context, c *bus.Client, name string, finished <-chan bu
 		case <-alive.C:
 			if !c.Connected() {
 				return nil, &ExitError{Code: ExitNoConn, Err: errors.New("lost the connection to caged while the cage ran")}
+			}
+			if now := c.Owner(ctx); now != owner {
+				// A new caged tears down the runs the old one left.
+				return nil, &ExitError{Code: ExitNoConn, Err: fmt.Errorf("caged stopped or restarted while cage %s ran; the cage is torn down (its audit is kept)", name)}
 			}
 		case <-ctx.Done():
 			return nil, ctx.Err()
