@@ -197,8 +197,13 @@ func TestApplyConfigAndRotateSecret(t *testing.T) {
 		t.Fatalf("--dry-run stopped gone: %+v", st)
 	}
 
-	out := d.sh("cagectl apply-config /root/cage-v2.hcl")
-	t.Logf("apply-config:\n%s", out)
+	// Then operations.md's day-two block, verbatim, on that file.
+	d.sh("cp /root/cage-v2.hcl /root/cage.hcl")
+	out := d.sh("cd /root && " + docBlock(t, "docs/operations.md", "day-two"))
+	t.Logf("apply-config (docs block):\n%s", out)
+	if !strings.Contains(out, "configuration applied") || !strings.Contains(out, "fresh") {
+		t.Errorf("the documented day-two block did not apply the config:\n%s", out)
+	}
 	for _, u := range []string{systest.AgentUnit("gone"), systest.EgressUnit("gone"), systest.ProxySocket("gone"), systest.DNSSocket("gone"), "nixcage-netns@gone.service"} {
 		if st, _ := d.m.UnitState(d.ctx, u); st.Active == "active" || st.Active == "activating" {
 			t.Errorf("%s of the removed agent is still %s", u, st.Active)
