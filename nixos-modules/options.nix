@@ -139,10 +139,7 @@ let
 
   agentModule = { name, ... }: {
     options = {
-      backend = mkOption {
-        type = types.enum [ "service" "nspawn" "podman" ];
-        description = "What runs the agent: a hardened systemd service, systemd-nspawn, or podman.";
-      };
+      backend = opt (types.enum [ "service" "nspawn" "podman" ]) "What runs the agent: a hardened systemd service, systemd-nspawn, or podman (default \"service\").";
       command = mkOption {
         type = types.nonEmptyListOf types.str;
         example = [ "/nix/tools/bin/claude" ];

@@ -438,6 +438,11 @@ func TestGoodDeclarations(t *testing.T) {
 				t.Errorf("empty declaration renders %v, want only version", model)
 			}
 		},
+		"default-backend": func(t *testing.T, r result, model map[string]any) {
+			if a := model["agent"].(map[string]any)["a"].(map[string]any); a["backend"] != nil {
+				t.Errorf("an unset backend reaches the model as %v; the Go default must decide", a["backend"])
+			}
+		},
 		"config-file":      func(t *testing.T, r result, model map[string]any) {},
 		"wildcard-inspect": func(t *testing.T, r result, model map[string]any) {},
 	}

@@ -112,9 +112,9 @@ func TestCagedOnSystemd(t *testing.T) {
 	if err := systest.InstallNixcage(ctx, m, bins, cfg, nil); err != nil {
 		t.Fatal(err)
 	}
-	// caged sees neither /root nor /tmp (ProtectHome=, PrivateTmp=): releases
-	// are handed to it from a system path.
-	for _, r := range []struct{ src, dst string }{{rel2, "/srv/rel2"}, {rel1, "/srv/rel1"}} {
+	// caged sees neither /root nor /tmp (ProtectHome=, PrivateTmp=); cagectl
+	// hands it the directory as a descriptor, so /root works (rel2).
+	for _, r := range []struct{ src, dst string }{{rel2, "/srv/rel2"}, {rel2, "/root/rel2"}, {rel1, "/srv/rel1"}} {
 		if b, err := exec.Command("cp", "-a", r.src, m.Path(r.dst)).CombinedOutput(); err != nil {
 			t.Fatalf("copy release: %v\n%s", err, b)
 		}
@@ -172,7 +172,9 @@ func TestCagedOnSystemd(t *testing.T) {
 	}
 
 	// A signed release through caged; the agent sees it after (re)start.
-	sh("cagectl apply /srv/rel2")
+	if out := sh("cd /root && cagectl apply -v ./rel2"); !strings.Contains(out, "  unpack ") || !strings.Contains(out, "  switch ") {
+		t.Fatalf("apply -v through caged does not time its phases:\n%s", out)
+	}
 	// The store changed behind apply's back: current/top now links to the
 	// host's root. systemd's bind would follow that link on the host; the
 	// unit's store check must refuse the start instead. Done before the

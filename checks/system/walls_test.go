@@ -26,9 +26,13 @@ func wallChecks(backend string) []string {
 		// Issue 21 item 1: leave a setuid shell and a device for the host.
 		"setid,/usr/bin/bash,/workspace/sb",
 		"mknod,/workspace/null",
+		"mount,/workspace",
 		// Issue 16 items 1-3.
 		"socket,vsock",
 		"socket,packet",
+		// Red team: the host kernel's device events, with a sequence
+		// number that counts the other cages' starts.
+		"socket,uevent",
 		"iouring,inet",
 		"iouring,netlink",
 		"iouring,vsock",
@@ -66,7 +70,7 @@ func TestCageWalls(t *testing.T) {
 
 	// Controls: what this kernel lets the machine's root do. A wall is
 	// only tested where the kernel would otherwise allow the attempt.
-	control := e.runProbe(t, "socket,vsock", "socket,packet", "iouring,inet", "iouring,netlink", "iouring,vsock",
+	control := e.runProbe(t, "socket,vsock", "socket,packet", "socket,uevent", "iouring,inet", "iouring,netlink", "iouring,vsock",
 		"userns,clone", "userns,unshare", "mknod,/run/walls-null")
 
 	e.runAgent(t, neighbour.name)
@@ -167,35 +171,65 @@ func (e *cageEnv) assertWalls(t *testing.T, backend string, got map[string]probe
 	// Issue 21 item 1. In the cage: no setuid/setgid bit sticks, no device.
 	refused("setid,/usr/bin/bash,/workspace/sb", "a setuid file the host's users can run")
 	refused("mknod,/workspace/null", "a device node on the host")
-	// On the host: the file the cage made is neither setuid nor setgid nor
-	// owned by a host account, and an unprivileged local user gains nothing.
-	sb := hostWorkspace(backend, agent) + "/sb"
-	st := strings.Fields(e.m.MustRun(t, "stat", "-c", "%a %u %g", sb))
-	if len(st) != 3 {
-		t.Fatalf("stat %s: %v", sb, st)
+	// On the host: no file the cage made is setuid or setgid or owned by a
+	// host account, and an unprivileged local user gains nothing running
+	// them.
+	ws := hostWorkspace(backend, agent)
+	files := strings.TrimSpace(e.m.MustRun(t, "find", ws, "-maxdepth", "1", "-name", "sb*", "-printf", "%f %m %U %G\n"))
+	// The copies the chmod family worked on are there; the files open,
+	// openat and openat2 would create with the bits in their mode are
+	// refused outright (EPERM, ENOSYS) under every backend now.
+	for _, name := range []string{"sb ", "sb.fchmod ", "sb.fchmodat ", "sb.fchmodat2 "} {
+		if !strings.Contains("\n"+files, "\n"+name) {
+			t.Errorf("the cage's %s is missing on the host: %q", strings.TrimSpace(name), files)
+		}
 	}
-	if mode, _ := strconv.ParseUint(st[0], 8, 32); mode&0o6000 != 0 {
-		t.Errorf("%s on the host has mode %s: setuid/setgid", sb, st[0])
+	for _, line := range strings.Split(files, "\n") {
+		f := strings.Fields(line)
+		if len(f) != 4 {
+			t.Fatalf("find %s: %q", ws, line)
+		}
+		if mode, _ := strconv.ParseUint(f[1], 8, 32); mode&0o6000 != 0 {
+			t.Errorf("%s/%s on the host has mode %s: setuid/setgid", ws, f[0], f[1])
+		}
+		for _, id := range f[2:] {
+			if out, err := e.m.Run(context.Background(), "getent", "passwd", id); id == "0" || (err == nil && backend != "service") {
+				t.Errorf("%s/%s on the host is owned by %s, a host account (%s)", ws, f[0], id, strings.TrimSpace(out))
+			}
+		}
 	}
-	for _, id := range st[1:] {
-		if out, err := e.m.Run(context.Background(), "getent", "passwd", id); id == "0" || (err == nil && backend != "service") {
-			t.Errorf("%s on the host is owned by %s, a host account (%s)", sb, id, strings.TrimSpace(out))
+	// The host side of an nspawn or podman workspace is a nosuid,nodev
+	// mount: whatever lands there is inert for the host's users. (Service
+	// workspaces are a dynamic user's under the root-only /var/lib/private.)
+	if backend != "service" {
+		opts, err := e.m.Run(context.Background(), "findmnt", "-n", "-o", "OPTIONS", "--mountpoint", ws)
+		if o := "," + strings.TrimSpace(opts) + ","; err != nil || !strings.Contains(o, ",nosuid,") || !strings.Contains(o, ",nodev,") {
+			t.Errorf("%s on the host is not mounted nosuid,nodev: %q (%v)", ws, strings.TrimSpace(opts), err)
+		}
+	}
+	if backend != "service" {
+		if r := res("mount,/workspace"); !strings.Contains(","+r.Detail+",", ",nosuid,") || !strings.Contains(","+r.Detail+",", ",nodev,") {
+			t.Errorf("the cage's /workspace is not nosuid,nodev: %+v", r)
 		}
 	}
 	// The local user is nobody with no capabilities, started from a shell
-	// that has already dropped root (setpriv execing sb directly would
-	// resolve its path with root's rights still in effect).
-	attack := "exec setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all --bounding-set=-all /bin/sh -c " +
-		shellQuote(sb+` -p -c 'echo euid=$(id -u)'`)
-	out, err := e.m.Shell(context.Background(), attack)
-	t.Logf("unprivileged local user runs %s -p: %q (%v)", sb, strings.TrimSpace(out), err)
-	if err == nil && !strings.Contains(out, "euid=65534") {
-		t.Errorf("an unprivileged local user ran the cage's %s and got %s", sb, strings.TrimSpace(out))
+	// that has already dropped root (setpriv execing the file directly
+	// would resolve its path with root's rights still in effect).
+	for _, name := range []string{"sb", "sb.fchmod", "sb.fchmodat", "sb.fchmodat2"} {
+		sb := ws + "/" + name
+		attack := "exec setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all --bounding-set=-all /bin/sh -c " +
+			shellQuote(sb+` -p -c 'echo euid=$(id -u) egid=$(id -g)'`)
+		out, err := e.m.Shell(context.Background(), attack)
+		t.Logf("unprivileged local user runs %s -p: %q (%v)", sb, strings.TrimSpace(out), err)
+		if err == nil && !strings.Contains(out, "euid=65534 egid=65534") {
+			t.Errorf("an unprivileged local user ran the cage's %s and got %s", sb, strings.TrimSpace(out))
+		}
 	}
 
 	// Issue 16 items 1-3: io_uring, AF_VSOCK, user namespaces.
 	refused("socket,vsock", "AF_VSOCK reaches the hypervisor")
 	refused("socket,packet", "")
+	refused("socket,uevent", "the host kernel's device events and their global sequence number reach the cage")
 	for _, c := range []string{"iouring,inet", "iouring,netlink", "iouring,vsock"} {
 		refused(c, "io_uring bypasses the socket filters")
 	}

@@ -268,3 +268,17 @@ func FuzzLoad(f *testing.F) {
 		}
 	})
 }
+
+// An agent without backend runs under the default, the service backend.
+func TestBackendDefaultsToService(t *testing.T) {
+	cfg, diags := NewLoader().Load(Source{Name: "a.hcl", Data: []byte("agent \"a\" {\n  command = [\"/bin/true\"]\n}\n")})
+	if diags.HasErrors() {
+		t.Fatal(diags.Error())
+	}
+	if got := cfg.Agents[0].Backend; got != BackendService {
+		t.Errorf("backend = %q, want %q", got, BackendService)
+	}
+	if b, _ := Canonical(cfg); !strings.Contains(string(b), `"backend": "service"`) {
+		t.Errorf("canonical config does not spell the default out:\n%s", b)
+	}
+}

@@ -21,6 +21,9 @@ type Config struct {
 // Backends an agent can run under.
 const (
 	BackendService = "service"
+	// DefaultBackend is what an agent without `backend` runs under: the
+	// lightest cage, needing nothing beyond systemd.
+	DefaultBackend = BackendService
 	BackendNspawn  = "nspawn"
 	BackendPodman  = "podman"
 )

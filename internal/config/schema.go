@@ -28,7 +28,7 @@ type evidenceV1 struct {
 type agentV1 struct {
 	Body        hcl.Body          `hcl:",body"`
 	Name        string            `hcl:"name,label"`
-	Backend     string            `hcl:"backend"`
+	Backend     string            `hcl:"backend,optional"`
 	Command     []string          `hcl:"command"`
 	Environment map[string]string `hcl:"environment,optional"`
 	Workspace   *string           `hcl:"workspace,optional"`

@@ -271,7 +271,10 @@ func (v *validator) agent(a *agentV1) *Agent {
 	if ag.Environment == nil {
 		ag.Environment = map[string]string{}
 	}
-	switch a.Backend {
+	if ag.Backend == "" {
+		ag.Backend = DefaultBackend
+	}
+	switch ag.Backend {
 	case BackendService, BackendNspawn, BackendPodman:
 	default:
 		v.errorf(at(a.Body, "backend"), "Unknown backend", "agent %q: backend %q is not one of \"service\", \"nspawn\", \"podman\".", a.Name, a.Backend)

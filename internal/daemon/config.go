@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/nixcage/nixcage/internal/bus"
@@ -65,6 +67,14 @@ func (d *Daemon) ApplyConfig(ctx context.Context, srcs []bus.ConfigSource, dryRu
 	d.cfg = cfg
 	d.mu.Unlock()
 	res, err := rec.Apply(ctx, cfg)
+	if err != nil {
+		// A start that failed for a missing secret source says which.
+		var hints string
+		for _, a := range cfg.Agents {
+			hints += d.secretHint(ctx, a)
+		}
+		err = fmt.Errorf("%w%s", err, hints)
+	}
 	d.recordReconcile(ctx, res, err)
 	d.publishAgents(ctx)
 	gen, channel := d.storeCurrent()
@@ -248,4 +258,42 @@ func (d *Daemon) secretHint(ctx context.Context, a *config.Agent) string {
 		return ""
 	}
 	return "; " + strings.Join(hints, "; ")
+}
+
+// ReadLogs implements bus.LogsBackend with journalctl, as `cagectl logs`
+// runs it for root: the agent, its gateway, its prepare step and its
+// namespace unit, interleaved.
+func (d *Daemon) ReadLogs(ctx context.Context, agent string, lines uint32, cursor string) ([]string, string, error) {
+	journalctl, err := exec.LookPath("journalctl")
+	if err != nil {
+		return nil, "", fmt.Errorf("journalctl not found on caged's PATH: %w", err)
+	}
+	argv := []string{"--no-pager", "-o", "short-iso", "--show-cursor"}
+	if cursor != "" {
+		argv = append(argv, "--after-cursor", cursor)
+	} else {
+		argv = append(argv, "-n", strconv.FormatUint(uint64(lines), 10))
+	}
+	for _, tpl := range []string{paths.AgentTemplate, paths.EgressTemplate, paths.PrepTemplate, paths.NetnsTemplate} {
+		argv = append(argv, "-u", paths.Instance(tpl, agent))
+	}
+	out, err := exec.CommandContext(ctx, journalctl, argv...).Output()
+	if err != nil {
+		return nil, "", fmt.Errorf("journalctl: %w", err)
+	}
+	var entries []string
+	next := cursor
+	for _, l := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
+		switch {
+		case strings.HasPrefix(l, "-- cursor: "):
+			next = strings.TrimPrefix(l, "-- cursor: ")
+		case l == "" || l == "-- No entries --":
+		default:
+			entries = append(entries, l)
+		}
+	}
+	if uint32(len(entries)) > lines {
+		entries = entries[len(entries)-int(lines):]
+	}
+	return entries, next, nil
 }

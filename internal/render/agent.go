@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/coreos/go-systemd/v22/unit"
+
 	"github.com/nixcage/nixcage/internal/config"
 	"github.com/nixcage/nixcage/internal/paths"
 	"github.com/nixcage/nixcage/internal/policy"
@@ -120,6 +122,10 @@ func (r *renderer) agent(a *config.Agent) error {
 	if r.run == nil {
 		unitSec.add("PartOf", paths.TargetUnit)
 	}
+	if a.Backend != config.BackendService && r.run == nil {
+		m := r.workspaceMount(a)
+		unitSec.add("Requires", m, "After", m)
+	}
 	unitSec.add(
 		"ConditionPathExists", "!"+paths.QuarantineMark(a.Name),
 		"StartLimitIntervalSec", "60",
@@ -127,6 +133,30 @@ func (r *renderer) agent(a *config.Agent) error {
 	)
 	r.unit(paths.Instance(paths.AgentTemplate, a.Name), unitSec, svc)
 	return nil
+}
+
+// workspaceMount renders a mount unit that binds an nspawn or podman cage's
+// workspace onto itself nosuid,nodev, and returns its name. nspawn's --bind
+// takes no mount options, and the host side of a workspace is what the
+// host's users would run a setuid file from: with the bind, neither the host
+// nor the cage (a bind of it inherits the flags, which a user namespace
+// cannot clear) honours a setuid bit or a device node there, whatever made
+// it (issue 21). Service workspaces belong to a dynamic user under the
+// root-only /var/lib/private and are left to systemd.
+func (r *renderer) workspaceMount(a *config.Agent) string {
+	name := unit.UnitNamePathEscape(a.Workspace) + ".mount"
+	r.unit(name,
+		sec("Unit",
+			"Description", fmt.Sprintf("nixcage workspace of %s (nosuid, nodev)", a.Name),
+		),
+		sec("Mount",
+			"What", a.Workspace,
+			"Where", a.Workspace,
+			"Type", "none",
+			"Options", "bind,nosuid,nodev",
+		),
+	)
+	return name
 }
 
 // cageEnv is the environment every cage gets, whatever the backend.

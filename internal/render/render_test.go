@@ -142,7 +142,7 @@ func renderedUnits(t *testing.T) (dir string, units []string) {
 	}
 	root := renderTo(t, loadExample(t, "reference.hcl"), o)
 	dir = filepath.Join(root, "systemd/system")
-	units = []string{"nixcage-caged.service", "nixcage.target"}
+	units = []string{"nixcage-caged.service", "nixcage.target", "var-lib-nixcage-agents-bob.mount", "var-lib-nixcage-agents-carol.mount"}
 	for _, a := range []string{"alice", "bob", "carol"} {
 		units = append(units,
 			"nixcage-agent@"+a+".service", "cage-egress@"+a+".service", "cage-egress@"+a+".socket",
@@ -345,6 +345,10 @@ func TestWorkspaceWalls(t *testing.T) {
 			if strings.Contains(unit, bad) {
 				t.Errorf("%s (%s): unit has %q", agent, backend, bad)
 			}
+		}
+		mount := get("systemd/system/var-lib-nixcage-agents-" + agent + ".mount")
+		if !strings.Contains(mount, "Options=bind,nosuid,nodev\n") || !strings.Contains(unit, "Requires=var-lib-nixcage-agents-"+agent+".mount\n") {
+			t.Errorf("%s (%s): workspace not bound nosuid,nodev on the host before the cage starts:\n%s\n%s", agent, backend, mount, unit)
 		}
 		for _, want := range []string{"RestrictSUIDSGID=yes\n", "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK\n", " /etc/nixcage/cage-seal -- /bin/sh -c", base + ":65536"} {
 			if !strings.Contains(unit, want) {

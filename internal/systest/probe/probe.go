@@ -44,7 +44,7 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 		return serve(ctx, out)
 	}
 	if len(args) == 0 {
-		return errors.New("usage: cage-probe CHECK... | cage-probe serve (checks: id, env,NAME, dial,tcp|udp,ADDR, raw, ping,IP, packet, read,PATH, write,PATH, unix,PATH, dns,NAME, http,URL[,HEADER,VALUE], sleep,DURATION, limit,NAME, cgroup,FILE, socket,FAMILY, iouring,FAMILY, userns,clone|unshare, clone3, setid,SRC,DST, mknod,PATH, mkdir,PATH, tree,PATH[,DEPTH])")
+		return errors.New("usage: cage-probe CHECK... | cage-probe serve (checks: id, env,NAME, dial,tcp|udp,ADDR, raw, ping,IP, packet, read,PATH, write,PATH, unix,PATH, dns,NAME, http,URL[,HEADER,VALUE], sleep,DURATION, limit,NAME, cgroup,FILE, socket,FAMILY, iouring,FAMILY, userns,clone|unshare, clone3, setid,SRC,DST, mknod,PATH, mount,PATH, mkdir,PATH, tree,PATH[,DEPTH])")
 	}
 	enc := json.NewEncoder(out)
 	for _, a := range args {
@@ -177,6 +177,11 @@ func check(ctx context.Context, spec string) Result {
 	case "mknod":
 		if need(1) {
 			err = mknod(a[0])
+		}
+	case "mount":
+		// mount,PATH: the options of the mount at PATH.
+		if need(1) {
+			r.Detail, err = mountOptions(a[0])
 		}
 	case "mkdir":
 		if need(1) {

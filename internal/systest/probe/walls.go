@@ -19,17 +19,20 @@ import (
 // the agent could leave on the host, which kernel interfaces it reaches,
 // and what it sees of the host and the other cages.
 
-// families names the socket families checks take, with a type each opens.
-var families = map[string][2]int{
-	"unix":    {unix.AF_UNIX, unix.SOCK_STREAM},
-	"inet":    {unix.AF_INET, unix.SOCK_STREAM},
-	"inet6":   {unix.AF_INET6, unix.SOCK_STREAM},
-	"netlink": {unix.AF_NETLINK, unix.SOCK_RAW},
-	"vsock":   {unix.AF_VSOCK, unix.SOCK_STREAM},
-	"packet":  {unix.AF_PACKET, unix.SOCK_RAW},
+// families names the socket families checks take, with a type and a
+// protocol each opens. uevent is the netlink protocol that carries the host
+// kernel's device events.
+var families = map[string][3]int{
+	"unix":    {unix.AF_UNIX, unix.SOCK_STREAM, 0},
+	"inet":    {unix.AF_INET, unix.SOCK_STREAM, 0},
+	"inet6":   {unix.AF_INET6, unix.SOCK_STREAM, 0},
+	"netlink": {unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_ROUTE},
+	"uevent":  {unix.AF_NETLINK, unix.SOCK_DGRAM, unix.NETLINK_KOBJECT_UEVENT},
+	"vsock":   {unix.AF_VSOCK, unix.SOCK_STREAM, 0},
+	"packet":  {unix.AF_PACKET, unix.SOCK_RAW, 0},
 }
 
-func family(name string) ([2]int, error) {
+func family(name string) ([3]int, error) {
 	f, ok := families[name]
 	if !ok {
 		return f, fmt.Errorf("unknown socket family %q", name)
@@ -43,45 +46,107 @@ func socketOf(name string) error {
 	if err != nil {
 		return err
 	}
-	return openSocket(f[0], f[1], 0)
+	return openSocket(f[0], f[1], f[2])
 }
 
-// setID copies src to dst, then tries to make it setuid and setgid root of
-// the cage and opens dst's directory to everyone: what an agent does to
-// leave a privileged program for the host's users (issue 21). It reports
-// the mode dst ended with; the check succeeds when either bit stuck.
+// setID tries every system call that can give a file a setuid or setgid
+// bit, each on a file of its own, and opens dst's directory to everyone:
+// what an agent does to leave a privileged program for the host's users
+// (issue 21). chmod works on dst, a copy of src; fchmod, fchmodat and
+// fchmodat2 on copies named dst.CALL; open, openat and openat2 create empty
+// files dst.CALL with the bits in their mode. The check succeeds when any
+// bit stuck; Detail names the calls that set one and dst's final mode.
 func setID(src, dst string) (string, error) {
-	in, err := os.Open(src)
-	if err != nil {
-		return "", err
+	var stuck []string
+	var lastErr error
+	check := func(name, path string, err error) {
+		var st unix.Stat_t
+		if unix.Stat(path, &st) == nil && st.Mode&(unix.S_ISUID|unix.S_ISGID) != 0 {
+			stuck = append(stuck, name)
+			return
+		}
+		if err != nil {
+			lastErr = err
+		}
 	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o755)
-	if err != nil {
-		return "", err
+	chmods := map[string]func(path string) error{
+		"chmod": func(p string) error { return unix.Chmod(p, 0o6755) },
+		"fchmod": func(p string) error {
+			fd, err := unix.Open(p, unix.O_RDONLY, 0)
+			if err != nil {
+				return err
+			}
+			defer unix.Close(fd)
+			return unix.Fchmod(fd, 0o6755)
+		},
+		"fchmodat": func(p string) error { return unix.Fchmodat(unix.AT_FDCWD, p, 0o6755, 0) },
+		"fchmodat2": func(p string) error {
+			b, err := unix.BytePtrFromString(p)
+			if err != nil {
+				return err
+			}
+			atFDCWD := unix.AT_FDCWD
+			if _, _, e := unix.Syscall6(unix.SYS_FCHMODAT2, uintptr(atFDCWD), uintptr(unsafe.Pointer(b)), 0o6755, 0, 0, 0); e != 0 {
+				return e
+			}
+			return nil
+		},
 	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return "", err
+	creates := map[string]func(path string) (int, error){
+		"open":   func(p string) (int, error) { return unix.Open(p, unix.O_CREAT|unix.O_WRONLY, 0o6755) },
+		"openat": func(p string) (int, error) { return unix.Openat(unix.AT_FDCWD, p, unix.O_CREAT|unix.O_WRONLY, 0o6755) },
+		"openat2": func(p string) (int, error) {
+			return unix.Openat2(unix.AT_FDCWD, p, &unix.OpenHow{Flags: unix.O_CREAT | unix.O_WRONLY, Mode: 0o6755})
+		},
 	}
-	if err := out.Close(); err != nil {
-		return "", err
+	for _, name := range []string{"chmod", "fchmod", "fchmodat", "fchmodat2"} {
+		path := dst
+		if name != "chmod" {
+			path = dst + "." + name
+		}
+		if err := copyFile(src, path, 0o755); err != nil {
+			return "", err
+		}
+		check(name, path, chmods[name](path))
 	}
-	errU := unix.Chmod(dst, 0o4755)
-	errG := unix.Chmod(dst, 0o6755)
+	for _, name := range []string{"open", "openat", "openat2"} {
+		path := dst + "." + name
+		fd, err := creates[name](path)
+		if err == nil {
+			unix.Close(fd)
+		}
+		check(name, path, err)
+	}
 	unix.Chmod(filepath.Dir(dst), 0o755)
 	var st unix.Stat_t
 	if err := unix.Stat(dst, &st); err != nil {
 		return "", err
 	}
 	detail := fmt.Sprintf("mode %o uid %d gid %d", st.Mode&0o7777, st.Uid, st.Gid)
-	if st.Mode&(unix.S_ISUID|unix.S_ISGID) != 0 {
-		return detail, nil
+	if len(stuck) > 0 {
+		return detail + "; set by " + strings.Join(stuck, " "), nil
 	}
-	if errU != nil {
-		return detail, errU
+	if lastErr == nil {
+		lastErr = errors.New("no call set a setuid or setgid bit")
 	}
-	return detail, errG
+	return detail, lastErr
+}
+
+func copyFile(src, dst string, mode os.FileMode) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
 }
 
 // mknod tries to create a character device (1:3, /dev/null's numbers).
@@ -257,3 +322,23 @@ func unescapeMount(s string) string {
 }
 
 var errNoCgroup = errors.New("no cgroup v2 entry in /proc/self/cgroup")
+
+// mountOptions are the per-mount options of the mount at path, as this
+// process sees it.
+func mountOptions(path string) (string, error) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return "", err
+	}
+	opts, found := "", false
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 5 && unescapeMount(f[4]) == path {
+			opts, found = f[5], true // the last one is on top
+		}
+	}
+	if !found {
+		return "", fmt.Errorf("%s is not a mount point", path)
+	}
+	return opts, nil
+}
