@@ -43,3 +43,11 @@ store {
   keys      = ["/etc/nixcage/release.pub"]
   threshold = 1
 }
+
+# Bounds of each quarantine's workspace copy (defaults: 1 GiB, 100000
+# entries, 2m); what a bound leaves out is named in omitted.txt.
+evidence {
+  max_bytes    = 2147483648
+  max_entries  = 200000
+  max_duration = "5m"
+}

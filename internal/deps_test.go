@@ -30,6 +30,8 @@ var rules = []struct {
 		"the bus package is shared by the CLI; it must stay free of the daemon's machinery"},
 	{"internal/policy", []string{"github.com/godbus/dbus", mod + "internal/bus", mod + "internal/daemon"},
 		"the policy document is read by the gateway"},
+	{"cmd/cage-seal", []string{"net", "os/user", "runtime/cgo", mod + "internal/config", mod + "internal/bus"},
+		"cage-seal runs inside cages (an image's root has no libc of the host's): it must link statically and stay tiny"},
 }
 
 func TestDependencyDirection(t *testing.T) {

@@ -105,6 +105,11 @@ let
       assertion = s.threshold == null || s.threshold <= lib.length s.keys;
       message = "${opt}.store.threshold = ${toString s.threshold} but store.keys lists ${toString (lib.length s.keys)} key(s), so no release could ever be accepted. Lower the threshold or add keys.";
     }
+    {
+      id = "store-root-threshold";
+      assertion = s.rootThreshold == null || s.rootThreshold <= lib.length (if s.rootKeys == null then [ ] else s.rootKeys);
+      message = "${opt}.store.rootThreshold = ${toString s.rootThreshold} but store.rootKeys lists ${toString (lib.length (if s.rootKeys == null then [ ] else s.rootKeys))} key(s), so no key rotation could ever be accepted. Lower the threshold or add root keys.";
+    }
   ];
 
   declaresModel = cfg.agents != { } || cfg.egressPolicies != { } || cfg.accounts != { } || cfg.store != null || cfg.settings != { };

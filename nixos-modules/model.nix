@@ -57,6 +57,11 @@ let
       root_keys = s.rootKeys;
       root_threshold = s.rootThreshold;
     }) cfg.store;
+    evidence = lib.mapNullable (e: clean {
+      max_bytes = e.maxBytes;
+      max_entries = e.maxEntries;
+      max_duration = e.maxDuration;
+    }) cfg.evidence;
   };
 in
 {

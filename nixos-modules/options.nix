@@ -143,10 +143,7 @@ let
 
   agentModule = { name, ... }: {
     options = {
-      backend = mkOption {
-        type = types.enum [ "service" "nspawn" "podman" ];
-        description = "What runs the agent: a hardened systemd service, systemd-nspawn, or podman.";
-      };
+      backend = opt (types.enum [ "service" "nspawn" "podman" ]) "What runs the agent: a hardened systemd service, systemd-nspawn, or podman (default \"service\").";
       command = mkOption {
         type = types.nonEmptyListOf types.str;
         example = [ "/nix/tools/bin/claude" ];
@@ -235,6 +232,14 @@ in
         expiryWarning = opt types.str "Report the current generation as expiring this long before its release expires: days (\"7d\") or a duration (\"36h\"); default 7d.";
       };
     }) "The shared read-only tool store and release trust.";
+
+    evidence = opt (types.submodule {
+      options = {
+        maxBytes = opt types.ints.positive "Workspace file content copied per quarantine, holes included (default 1073741824); what is cut is named in omitted.txt.";
+        maxEntries = opt types.ints.positive "Workspace entries looked at per quarantine (default 100000).";
+        maxDuration = opt types.str "Time limit of a quarantine's workspace copy, a duration such as \"2m\" (default 2m).";
+      };
+    }) "Bounds of each quarantine's evidence copy (docs/operations.md).";
 
     settings = mkOption {
       type = types.submodule { freeformType = types.attrsOf jsonValue; };

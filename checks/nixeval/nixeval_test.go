@@ -438,6 +438,11 @@ func TestGoodDeclarations(t *testing.T) {
 				t.Errorf("empty declaration renders %v, want only version", model)
 			}
 		},
+		"default-backend": func(t *testing.T, r result, model map[string]any) {
+			if a := model["agent"].(map[string]any)["a"].(map[string]any); a["backend"] != nil {
+				t.Errorf("an unset backend reaches the model as %v; the Go default must decide", a["backend"])
+			}
+		},
 		"config-file":      func(t *testing.T, r result, model map[string]any) {},
 		"wildcard-inspect": func(t *testing.T, r result, model map[string]any) {},
 	}
@@ -547,7 +552,7 @@ let
   lib = import %s/lib;
   pkgs = {
     stdenv.hostPlatform.system = "x86_64-linux";
-    callPackage = f: args: import f ({ inherit lib; buildGoModule = a: a // { type = "derivation"; }; } // args);
+    callPackage = f: args: import f ({ inherit lib; buildGoModule = a: a // { type = "derivation"; }; installShellFiles = { }; } // args);
     testers.runNixOSTest = t: { type = "derivation"; name = t.name; };
   };
   nixpkgs = {
@@ -732,7 +737,7 @@ func TestGoSumWarning(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			expr := fmt.Sprintf(`(import %s/nix/package.nix { lib = import %s/lib; buildGoModule = a: a; }).pname`, dir, lib)
+			expr := fmt.Sprintf(`(import %s/nix/package.nix { lib = import %s/lib; buildGoModule = a: a; installShellFiles = { }; }).pname`, dir, lib)
 			var stderr bytes.Buffer
 			cmd := exec.Command(ni, "--eval", "--expr", expr)
 			cmd.Stderr = &stderr
@@ -753,7 +758,7 @@ func TestPackageSource(t *testing.T) {
 	lib := nixpkgsLib(t)
 	ni := testenv.LookPath(t, "nix-instantiate")
 	testenv.RequireRoot(t, "copying the source into /nix/store needs root with Debian's single-user Nix")
-	expr := fmt.Sprintf(`let p = import ./nix/package.nix { lib = import %s/lib; buildGoModule = a: a; }; in "${p.src}"`, lib)
+	expr := fmt.Sprintf(`let p = import ./nix/package.nix { lib = import %s/lib; buildGoModule = a: a; installShellFiles = { }; }; in "${p.src}"`, lib)
 	cmd := exec.Command(ni, "--read-write-mode", "--eval", "--expr", expr)
 	cmd.Dir = repoRoot
 	var stderr bytes.Buffer

@@ -53,6 +53,11 @@ agent "` + agent + `" {
 	o := render.DefaultOptions()
 	o.Prefix = t.TempDir()
 	o.Podman = podman
+	// The cage execs its command through cage-seal from the bin directory.
+	o.BinDir = t.TempDir()
+	if out, err := exec.Command("go", "build", "-o", filepath.Join(o.BinDir, "cage-seal"), "github.com/nixcage/nixcage/cmd/cage-seal").CombinedOutput(); err != nil {
+		t.Fatalf("go build cage-seal: %v\n%s", err, out)
+	}
 	files, err := render.Render(cfg, o)
 	if err != nil {
 		t.Fatalf("render: %v", err)
@@ -128,22 +133,8 @@ agent "` + agent + `" {
 		t.Fatal(err)
 	}
 
-	// systemd gives units a hard RLIMIT_NOFILE of 524288 (its default
-	// DefaultLimitNOFILE); this shell may have less, and runc cannot raise
-	// the unit's --ulimit=nofile above the caller's hard limit inside the
-	// user namespace. Match what the unit would inherit.
-	var lim syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
-		t.Fatal(err)
-	}
-	if lim.Max < 524288 {
-		saved := lim
-		lim.Max = 524288
-		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
-			t.Skipf("the rendered --ulimit=nofile=65536:65536 needs a hard RLIMIT_NOFILE >= 65536 (systemd units get 524288); this process has %d and cannot raise it (%v): run from a shell with `ulimit -Hn 524288`", saved.Max, err)
-		}
-		t.Cleanup(func() { _ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &saved) })
-	}
+	// --ulimit=host: the cage gets this process's rlimits (under systemd,
+	// the unit's LimitNOFILE=/LimitNPROC=), nothing podman must raise.
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), env...)
 	t.Cleanup(func() { _ = exec.Command(podman, "rm", "--force", "--ignore", "nixcage-"+agent).Run() })

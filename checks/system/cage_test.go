@@ -417,37 +417,18 @@ func TestNspawnCage(t *testing.T) {
 	runCageScenario(t, "nspawn", userNamespace)
 }
 
-// TestPodmanCage runs the probe under the podman backend.
+// TestPodmanCage runs the probe under the podman backend. The container
+// runs inside the agent unit's cgroup with the unit's limits (no cgroup
+// controllers needed in the machine) and the unit's rlimits.
 func TestPodmanCage(t *testing.T) {
-	m := systest.BootT(t)
-	if why := podmanUnsupported(t, m); why != "" {
-		t.Skip(why)
+	e, agent := runCageScenario(t, "podman", userNamespace)
+	// The container lives in the unit's cgroup, so the unit's limits, IP
+	// filters, kill and freeze reach it.
+	unit := systest.AgentUnit(agent)
+	cg := strings.TrimSpace(e.m.MustRun(t, "systemctl", "show", "-P", "ControlGroup", unit))
+	if out := e.m.MustRun(t, "sh", "-c", "ls /sys/fs/cgroup/machine.slice 2>/dev/null || true"); strings.Contains(out, "libpod") {
+		t.Errorf("a podman container runs outside the agent unit (%s): machine.slice holds %s", cg, out)
 	}
-	m.Close()
-	runCageScenario(t, "podman", userNamespace)
-}
-
-// podmanUnsupported says why this host cannot run the podman backend in a
-// machine, or "". runc needs the pids (and for limits memory) controllers in
-// the machine's cgroup, and the rendered --ulimit=nofile=65536 needs a hard
-// limit at least that high; hosts that bind every controller to cgroup v1,
-// or sandboxes with a low nofile limit, have neither.
-func podmanUnsupported(t *testing.T, m *systest.Machine) string {
-	ctrl := " " + strings.Join(strings.Fields(m.MustRun(t, "cat", "/sys/fs/cgroup/cgroup.controllers")), " ") + " "
-	for _, c := range []string{"pids", "memory"} {
-		if !strings.Contains(ctrl, " "+c+" ") {
-			return "this host gives the test machine no " + c + " cgroup controller (all bound to cgroup v1), which runc needs; run on a host with a unified cgroup hierarchy"
-		}
-	}
-	limits := m.MustRun(t, "cat", "/proc/1/limits")
-	for _, line := range strings.Split(limits, "\n") {
-		if f := strings.Fields(line); strings.HasPrefix(line, "Max open files") && len(f) >= 5 {
-			if n, err := strconv.Atoi(f[4]); err == nil && n < 65536 {
-				return fmt.Sprintf("the test machine's open-files hard limit is %d, below the podman unit's --ulimit=nofile=65536", n)
-			}
-		}
-	}
-	return ""
 }
 
 // probeInCageNetns runs the probe as a fresh dynamic user in an agent's
@@ -459,14 +440,9 @@ func (e *cageEnv) probeInCageNetns(t *testing.T, agent string, checks ...string)
 		"-p", "DynamicUser=yes", "-p", "NetworkNamespacePath=/run/netns/nixcage-" + agent,
 		"-p", "Environment=HTTPS_PROXY=http://127.0.0.1:3128", "-p", "Environment=SSL_CERT_FILE=/var/lib/nixcage/egress/" + agent + "/bundle.crt",
 		"/usr/local/bin/cage-probe"}
-	out := e.m.MustRun(t, append(args, checks...)...)
-	rs, err := probe.Parse(out)
+	got, err := probe.ParseByCheck(e.m.MustRun(t, append(args, checks...)...))
 	if err != nil {
 		t.Fatal(err)
-	}
-	got := map[string]probe.Result{}
-	for _, r := range rs {
-		got[r.Check] = r
 	}
 	return got
 }

@@ -112,9 +112,9 @@ func TestCagedOnSystemd(t *testing.T) {
 	if err := systest.InstallNixcage(ctx, m, bins, cfg, nil); err != nil {
 		t.Fatal(err)
 	}
-	// caged sees neither /root nor /tmp (ProtectHome=, PrivateTmp=): releases
-	// are handed to it from a system path.
-	for _, r := range []struct{ src, dst string }{{rel2, "/srv/rel2"}, {rel1, "/srv/rel1"}} {
+	// caged sees neither /root nor /tmp (ProtectHome=, PrivateTmp=); cagectl
+	// hands it the directory as a descriptor, so /root works (rel2).
+	for _, r := range []struct{ src, dst string }{{rel2, "/srv/rel2"}, {rel2, "/root/rel2"}, {rel1, "/srv/rel1"}} {
 		if b, err := exec.Command("cp", "-a", r.src, m.Path(r.dst)).CombinedOutput(); err != nil {
 			t.Fatalf("copy release: %v\n%s", err, b)
 		}
@@ -172,7 +172,26 @@ func TestCagedOnSystemd(t *testing.T) {
 	}
 
 	// A signed release through caged; the agent sees it after (re)start.
-	sh("cagectl apply /srv/rel2")
+	sh("cd /root && cagectl apply ./rel2")
+	// The store changed behind apply's back: current/top now links to the
+	// host's root. systemd's bind would follow that link on the host; the
+	// unit's store check must refuse the start instead. Done before the
+	// agent's first start, so its own work (the attack below) runs once,
+	// uninterrupted.
+	agent := systest.AgentUnit("alpha")
+	sh("cd /var/lib/nixcage/store/generations/2 && mv top top.saved && ln -s / top")
+	if got := exitCode("cagectl store verify --store /var/lib/nixcage/store"); got == 0 {
+		t.Fatal("store verify passed a store whose top links to /")
+	}
+	exitCode("cagectl start alpha")
+	time.Sleep(time.Second)
+	if st, _ := m.UnitState(ctx, agent); st.Active == "active" {
+		t.Fatal("the agent started on a store whose top links to the host's root")
+	}
+	if j, _ := m.Journal(ctx, "nixcage-binds@alpha.service"); !strings.Contains(j, "does not resolve inside the store") {
+		t.Fatalf("the refused start does not say why:\n%s", j)
+	}
+	sh("systemctl reset-failed nixcage-binds@alpha.service || true; cd /var/lib/nixcage/store/generations/2 && rm top && mv top.saved top")
 	sh("cagectl start alpha")
 	waitActive(systest.AgentUnit("alpha"), "active")
 	deadline := time.Now().Add(20 * time.Second)
@@ -197,28 +216,6 @@ func TestCagedOnSystemd(t *testing.T) {
 	if js := sh("cagectl status --json"); !strings.Contains(js, `"alpha"`) {
 		t.Fatalf("status --json: %s", js)
 	}
-
-	// The store changed behind apply's back: current/top now links to the
-	// host's root. systemd's bind would follow that link on the host; the
-	// unit's store check must refuse the start instead.
-	agent := systest.AgentUnit("alpha")
-	sh("cagectl stop alpha")
-	waitActive(agent, "inactive")
-	sh("cd /var/lib/nixcage/store/generations/2 && mv top top.saved && ln -s / top")
-	if got := exitCode("cagectl store verify --store /var/lib/nixcage/store"); got == 0 {
-		t.Fatal("store verify passed a store whose top links to /")
-	}
-	exitCode("cagectl start alpha")
-	time.Sleep(time.Second)
-	if st, _ := m.UnitState(ctx, agent); st.Active == "active" {
-		t.Fatal("the agent started on a store whose top links to the host's root")
-	}
-	if j, _ := m.Journal(ctx, "nixcage-binds@alpha.service"); !strings.Contains(j, "does not resolve inside the store") {
-		t.Fatalf("the refused start does not say why:\n%s", j)
-	}
-	sh("systemctl reset-failed nixcage-binds@alpha.service || true; cd /var/lib/nixcage/store/generations/2 && rm top && mv top.saved top")
-	sh("cagectl start alpha")
-	waitActive(agent, "active")
 
 	// Who hears about it: a stranger's dbus-monitor on the system bus, and
 	// the declared viewer's cagectl events.

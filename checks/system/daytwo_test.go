@@ -30,6 +30,10 @@ func dayTwoConfig(sleepers ...string) string {
   allow   = ["api.example.com"]
   inspect = ["api.example.com"]
 }
+account "viewers" {
+  user = "nobody"
+  role = "viewer"
+}
 agent "probe" {
   backend   = "service"
   egress    = "p"
@@ -242,5 +246,32 @@ func TestApplyConfigAndRotateSecret(t *testing.T) {
 	}
 	if code, out := d.code("cagectl secret rotate probe nosuch 2>&1"); code != 1 || !strings.Contains(out, "no secret") {
 		t.Errorf("rotate of an undeclared secret: exit %d: %s", code, out)
+	}
+
+	// A viewer (nobody, who cannot read the journal) reads the agent's logs
+	// through caged.
+	if out := d.sh("setpriv --reuid=65534 --regid=65534 --clear-groups cagectl logs probe -n 50 2>&1"); !strings.Contains(out, "prepared agent probe") || strings.Contains(out, "own rights") {
+		t.Errorf("cagectl logs as a viewer:\n%s", out)
+	}
+
+	// Host checks on this booted systemd: all pass as installed (warnings,
+	// such as the missing cgroup controllers here, do not fail).
+	if code, out := d.code("cagectl doctor 2>&1"); code != 0 || strings.Contains(out, "FAIL") {
+		t.Errorf("cagectl doctor on a good install: exit %d\n%s", code, out)
+	} else {
+		t.Logf("doctor:\n%s", out)
+	}
+	// A missing secret source is named by validate --host-checks, by start
+	// (instead of systemd's "job dependency"), and by doctor, with the fix.
+	d.sh("rm /etc/nixcage/secrets/api && systemctl stop nixcage-prep@probe.service")
+	missing := "/etc/nixcage/secrets/api does not exist"
+	if code, out := d.code("cagectl validate --host-checks /etc/nixcage/nixcage.json 2>&1"); code != 1 || !strings.Contains(out, missing) || !strings.Contains(out, "fix: create /etc/nixcage/secrets/api") {
+		t.Errorf("validate --host-checks with a missing secret: exit %d\n%s", code, out)
+	}
+	if code, out := d.code("cagectl start probe 2>&1"); code != 1 || !strings.Contains(out, missing) {
+		t.Errorf("start with a missing secret: exit %d\n%s", code, out)
+	}
+	if code, out := d.code("cagectl doctor 2>&1"); code != 1 || !strings.Contains(out, missing) {
+		t.Errorf("doctor with a missing secret: exit %d\n%s", code, out)
 	}
 }

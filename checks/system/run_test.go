@@ -35,6 +35,10 @@ account "operators" {
 }
 `
 
+// runSecret is the real value of the run's secret; only the fake API may
+// ever see it.
+const runSecret = "sk-run-REAL-9f8e7d6c5b4a39281706f5e4d3c2b1a0"
+
 // runJob is the script the cage runs from its workspace: one allowed and
 // one refused request, a file written to the workspace, exit 7.
 const runJob = `#!/bin/sh
@@ -149,7 +153,7 @@ func TestRunOnSystemd(t *testing.T) {
 	if err := events.Start(); err != nil {
 		t.Fatal(err)
 	}
-	bg := m.Command(ctx, "cagectl", "run", "--name", "visible", "--no-workspace", "--", "sleep", "3")
+	bg := m.Command(ctx, "timeout", "60", "cagectl", "run", "--name", "visible", "--no-workspace", "--", "sleep", "3")
 	if err := bg.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -171,6 +175,88 @@ func TestRunOnSystemd(t *testing.T) {
 			t.Errorf("events lack %s:\n%s", want, evOut.String())
 		}
 	}
+
+	// A secret through --allow: the gateway injects the real value for the
+	// allowed host, the cage only ever sees the placeholder.
+	m.MustWriteFile(t, "/root/run-key", []byte(runSecret), 0o600)
+	sh("mkdir -p /var/lib/nixcage/ro-data && echo shared > /var/lib/nixcage/ro-data/note")
+	stdout, _, code = run(`cagectl run --no-workspace --allow api.example.com --secret k:API_KEY=/root/run-key --bind /var/lib/nixcage/ro-data:ro -- /bin/sh -c '
+echo "key=$API_KEY"
+curl -sS -H "Authorization: Bearer $API_KEY" https://api.example.com/v1/echo
+echo; cat /mnt/ro-data/note; echo x > /mnt/ro-data/new 2>/dev/null && echo bind-writable || echo bind-read-only'`)
+	if code != 0 {
+		t.Fatalf("run with a secret: exit %d", code)
+	}
+	if strings.Contains(stdout, runSecret) {
+		t.Errorf("the cage saw the real secret:\n%s", stdout)
+	}
+	if !strings.Contains(stdout, "key=") || strings.Contains(stdout, "key=\n") {
+		t.Errorf("the cage got no placeholder:\n%s", stdout)
+	}
+	for _, want := range []string{"shared", "bind-read-only"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("--bind DIR:ro: output lacks %q", want)
+		}
+	}
+	injected := false
+	reqs, _ = in.Requests()
+	for _, r := range reqs {
+		if r.Path == "/v1/echo" && strings.Contains(strings.Join(r.Headers["Authorization"], " "), runSecret) {
+			injected = true
+		}
+	}
+	if !injected {
+		t.Error("the fake API never received the real secret")
+	}
+	if left := sh("ls /run/nixcage/runs/ 2>/dev/null; grep -rl " + runSecret + " /run/systemd /run/nixcage /var/lib/nixcage 2>/dev/null || true"); strings.TrimSpace(left) != "" {
+		t.Errorf("the secret or the run's files outlived the run:\n%s", left)
+	}
+
+	// cagectl killed: caged notices the caller left and tears the cage down.
+	gone := m.Command(ctx, "timeout", "60", "cagectl", "run", "--name", "orphan", "--no-workspace", "--", "sleep", "600")
+	if err := gone.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 100; i++ {
+		if st, _ := m.UnitState(ctx, "nixcage-agent@orphan.service"); st.Active == "active" {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	sh("kill -KILL $(pgrep -f '^cagectl run --name orphan')")
+	gone.Wait()
+	for i := 0; ; i++ {
+		if st, _ := m.UnitState(ctx, "nixcage-agent@orphan.service"); st.Active == "inactive" && !strings.Contains(sh("ls /run/nixcage/runs/"), "orphan") {
+			break
+		}
+		if i > 100 {
+			t.Fatal("the cage of a killed cagectl still runs after 10 s")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	assertTornDown(t, sh)
+
+	// caged restarting: it tears its runs down first, and their callers
+	// say so and exit 4 (caged unreachable); nothing is left.
+	restarted := m.Command(ctx, "timeout", "60", "cagectl", "run", "--name", "across", "--no-workspace", "--", "sleep", "600")
+	var restartedErr lockedBuffer
+	restarted.Stderr = &restartedErr
+	if err := restarted.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 100; i++ {
+		if st, _ := m.UnitState(ctx, "nixcage-agent@across.service"); st.Active == "active" {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	sh("systemctl restart nixcage-caged.service")
+	err = restarted.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 4 || !strings.Contains(restartedErr.String(), "caged stopped or restarted while cage across ran") {
+		t.Errorf("cagectl run across a caged restart: %v, stderr %q; want exit 4 and the reason", err, restartedErr.String())
+	}
+	assertTornDown(t, sh)
 
 	// A viewer is refused, naming the role it needs.
 	if _, stderr, code := run("setpriv --reuid=nobody --regid=nogroup --clear-groups cagectl run --no-workspace -- true"); code != 3 || !strings.Contains(stderr, `role "operator"`) {

@@ -53,5 +53,13 @@
       keys = [ "/etc/nixcage/release.pub" ];
       threshold = 1;
     };
+
+    # Bounds of each quarantine's workspace copy (defaults: 1 GiB, 100000
+    # entries, 2m); what a bound leaves out is named in omitted.txt.
+    evidence = {
+      maxBytes = 2147483648;
+      maxEntries = 200000;
+      maxDuration = "5m";
+    };
   };
 }

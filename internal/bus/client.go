@@ -343,6 +343,8 @@ func decodeEvent(sig *dbus.Signal) (Event, bool) {
 		keys = []string{"agent", "by"}
 	case SignalReconciled:
 		keys = []string{"error"}
+	case SignalEgressFailed:
+		keys = []string{"agent", "reason", "recover"}
 	case SignalRunStarted:
 		keys = []string{"agent", "backend", "by"}
 	case SignalRunFinished:

@@ -2,6 +2,8 @@ package bus
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"strings"
 
 	"github.com/godbus/dbus/v5"
@@ -41,9 +43,52 @@ type ConfigBackend interface {
 	RotateSecret(ctx context.Context, agent, name string, newPlaceholder bool, by string) (string, error)
 }
 
+// LogsBackend serves an agent's journal to viewers who cannot read the
+// journal themselves.
+type LogsBackend interface {
+	// ReadLogs returns journal lines of the agent's units: the newest lines
+	// when cursor is "", else those after cursor; and the cursor to follow
+	// from.
+	ReadLogs(ctx context.Context, agent string, lines uint32, cursor string) ([]string, string, error)
+}
+
 func init() {
+	argNames["ReadLogs"] = []string{"name", "lines", "cursor", "entries", "next_cursor"}
 	argNames["ApplyConfig"] = []string{"files", "dry_run", "plan"}
 	argNames["RotateSecret"] = []string{"name", "secret", "new_placeholder", "result"}
+	argNames["ApplyDir"] = []string{"dir", "result"}
+}
+
+// ApplyDir applies the release in a directory the caller opened and passes
+// as a descriptor: caged reads it through that descriptor, so a release
+// under /root, /home or /tmp (which caged's ProtectHome= and PrivateTmp=
+// hide from it) works, and nothing the caller could not read is read.
+func (m *manager) ApplyDir(sender dbus.Sender, dir dbus.UnixFD) (ApplyResult, *dbus.Error) {
+	f := os.NewFile(uintptr(dir), "release")
+	defer f.Close()
+	id, derr := m.s.authorize(sender, ActAdmin, "ApplyDir")
+	if derr != nil {
+		return ApplyResult{}, derr
+	}
+	if st, err := f.Stat(); err != nil || !st.IsDir() {
+		return ApplyResult{}, newError(ErrorInvalid, "ApplyDir needs a descriptor of a release directory")
+	}
+	// The magic link reaches the directory whatever caged's mount
+	// namespace shows at its path.
+	res, err := m.s.be.Apply(context.Background(), fmt.Sprintf("/proc/self/fd/%d", f.Fd()), id.String())
+	if err != nil {
+		return ApplyResult{}, fail(err)
+	}
+	return *res, nil
+}
+
+// ApplyDir applies the release in the open directory dir.
+func (c *Client) ApplyDir(ctx context.Context, dir *os.File) (*ApplyResult, error) {
+	var r ApplyResult
+	if err := c.call(ctx, "ApplyDir", []any{&r}, dbus.UnixFD(dir.Fd())); err != nil {
+		return nil, err
+	}
+	return &r, nil
 }
 
 func (m *manager) ApplyConfig(sender dbus.Sender, files []ConfigSource, dryRun bool) (ConfigPlan, *dbus.Error) {
@@ -100,4 +145,26 @@ func (c *Client) RotateSecret(ctx context.Context, agent, secret string, newPlac
 	var msg string
 	err := c.call(ctx, "RotateSecret", []any{&msg}, agent, secret, newPlaceholder)
 	return msg, err
+}
+
+func (m *manager) ReadLogs(sender dbus.Sender, agent string, lines uint32, cursor string) ([]string, string, *dbus.Error) {
+	if _, derr := m.s.authorizeAgent(sender, ActView, agent, "ReadLogs"); derr != nil {
+		return nil, "", derr
+	}
+	if lines == 0 || lines > 10000 {
+		lines = 10000
+	}
+	out, next, err := m.s.be.ReadLogs(context.Background(), agent, lines, cursor)
+	if out == nil {
+		out = []string{}
+	}
+	return out, next, fail(err)
+}
+
+// ReadLogs reads an agent's journal through caged (viewer role).
+func (c *Client) ReadLogs(ctx context.Context, agent string, lines uint32, cursor string) ([]string, string, error) {
+	var out []string
+	var next string
+	err := c.call(ctx, "ReadLogs", []any{&out, &next}, agent, lines, cursor)
+	return out, next, err
 }

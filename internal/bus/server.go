@@ -44,6 +44,7 @@ type Backend interface {
 	// HasAgent reports whether agent is declared.
 	HasAgent(agent string) bool
 	ConfigBackend
+	LogsBackend
 }
 
 // Backend errors the server maps to D-Bus error names.
@@ -641,6 +642,7 @@ var managerSignals = []introspect.Signal{
 	{Name: SignalAgentReleased, Args: []introspect.Arg{{Name: "agent", Type: "s"}, {Name: "by", Type: "s"}}},
 	{Name: SignalAgentKilled, Args: []introspect.Arg{{Name: "agent", Type: "s"}, {Name: "by", Type: "s"}}},
 	{Name: SignalReconciled, Args: []introspect.Arg{{Name: "error", Type: "s"}}},
+	{Name: SignalEgressFailed, Args: []introspect.Arg{{Name: "agent", Type: "s"}, {Name: "reason", Type: "s"}, {Name: "recover", Type: "s"}}},
 	{Name: SignalRunStarted, Args: []introspect.Arg{{Name: "name", Type: "s"}, {Name: "backend", Type: "s"}, {Name: "by", Type: "s"}}},
 	{Name: SignalRunFinished, Args: []introspect.Arg{{Name: "name", Type: "s"}, {Name: "exit_status", Type: "i"}, {Name: "summary", Type: "s"}}},
 }

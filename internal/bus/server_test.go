@@ -123,6 +123,11 @@ func (f *fakeBackend) ApplyConfig(ctx context.Context, srcs []bus.ConfigSource, 
 	return &bus.ConfigPlan{Added: []string{"new"}, Applied: !dryRun}, nil
 }
 
+func (f *fakeBackend) ReadLogs(ctx context.Context, agent string, lines uint32, cursor string) ([]string, string, error) {
+	f.rec("logs %s %d %q", agent, lines, cursor)
+	return []string{"line"}, "c1", nil
+}
+
 func (f *fakeBackend) RotateSecret(ctx context.Context, agent, name string, newPlaceholder bool, by string) (string, error) {
 	f.rec("rotate %s %q %v by %s", agent, name, newPlaceholder, by)
 	return "rotated", nil

@@ -49,6 +49,7 @@ const (
 	SignalAgentReleased     = "AgentReleased"     // (s agent, s by)
 	SignalAgentKilled       = "AgentKilled"       // (s agent, s by)
 	SignalReconciled        = "Reconciled"        // (s error) "" on success
+	SignalEgressFailed      = "EgressFailed"      // (s agent, s reason, s recover) the gateway is down for good (start limit hit, ...)
 )
 
 // AgentPath is the object path of an agent. Names are escaped as systemd

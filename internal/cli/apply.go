@@ -5,11 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"path/filepath"
+	"os"
 	"strconv"
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/nixcage/nixcage/internal/bus"
 	"github.com/nixcage/nixcage/internal/release"
 	"github.com/nixcage/nixcage/internal/store"
 )
@@ -46,6 +49,9 @@ func runApply(ctx context.Context, env *Env, args []string) error {
 		return usageError("usage: cagectl apply DIR|URL --offline --store ROOT --channel C --key PUB")
 	}
 	if !sf.offline {
+		if *verbose {
+			fmt.Fprintln(env.Err, "cagectl: note: -v timings and progress are shown for --offline applies only; through caged, apply reports when it is done")
+		}
 		return applyViaCaged(ctx, env, *addr, pos[0])
 	}
 	if sf.channel == "" || len(sf.keys) == 0 {
@@ -116,24 +122,30 @@ func runRollback(ctx context.Context, env *Env, args []string) error {
 	return nil
 }
 
-// applyViaCaged asks caged to apply; it checks the caller is an admin.
+// applyViaCaged asks caged to apply; it checks the caller is an admin. A
+// local directory is opened here and handed over as a descriptor, so caged's
+// sandbox (ProtectHome=, PrivateTmp=) does not decide which paths work.
 func applyViaCaged(ctx context.Context, env *Env, addr, src string) error {
+	var dir *os.File
 	if !strings.Contains(src, "://") {
-		abs, err := filepath.Abs(src)
+		f, err := os.OpenFile(src, os.O_RDONLY|unix.O_DIRECTORY, 0)
 		if err != nil {
-			return failure(err)
+			return failure(fmt.Errorf("release directory: %w", err))
 		}
-		src = abs
-		if strings.HasPrefix(src, "/tmp/") || strings.HasPrefix(src, "/var/tmp/") {
-			fmt.Fprintf(env.Err, "cagectl: note: caged runs with PrivateTmp=yes and cannot see %s; put releases elsewhere (e.g. /var/lib/nixcage/incoming) or serve them over HTTP(S)\n", src)
-		}
+		defer f.Close()
+		dir = f
 	}
 	c, err := dialCaged(ctx, addr)
 	if err != nil {
 		return noCaged("apply", err)
 	}
 	defer c.Close()
-	res, err := c.Apply(ctx, src)
+	var res *bus.ApplyResult
+	if dir != nil {
+		res, err = c.ApplyDir(ctx, dir)
+	} else {
+		res, err = c.Apply(ctx, src)
+	}
 	if err != nil {
 		return noCaged("apply", busError(err))
 	}

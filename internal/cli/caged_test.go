@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/nixcage/nixcage/internal/bus"
+	"github.com/nixcage/nixcage/internal/bus/bustest"
 	"github.com/nixcage/nixcage/internal/daemon/daemontest"
 	"github.com/nixcage/nixcage/internal/paths"
 	"github.com/nixcage/nixcage/internal/release/releasetest"
@@ -104,7 +105,8 @@ func TestControlCommandsAndExitCodes(t *testing.T) {
 		{"bad agent name", []string{"kill", "../etc"}, ExitUsage, "not an agent name"},
 		{"quarantine needs a reason", []string{"quarantine", "beta-2"}, ExitUsage, "--reason"},
 		{"no agent given", []string{"start"}, ExitUsage, "usage"},
-		{"apply without a store block", []string{"apply", "/srv/release"}, ExitFailure, "declare store"},
+		{"apply without a store block", []string{"apply", "."}, ExitFailure, "declare store"},
+		{"apply of a directory that is not there", []string{"apply", "/nonexistent/release"}, ExitFailure, "release directory: open /nonexistent/release: no such file"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -426,5 +428,20 @@ store {
 	}
 	if st, _ := cl.Status(ctx); st.Generation != 1 {
 		t.Errorf("generation after rollback: %d", st.Generation)
+	}
+}
+
+// A bus without caged on it: every verb exits 4 at once, events included
+// (a bare subscription would wait for ever).
+func TestNoCagedOnTheBus(t *testing.T) {
+	b := bustest.Start(t, bustest.Options{})
+	for _, args := range [][]string{{"events"}, {"status"}, {"audit", "alpha"}, {"secret", "rotate", "alpha"}, {"apply-config", "../../examples/quickstart.hcl"}} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		var out, errb strings.Builder
+		code := Main(ctx, append(args, "--bus", b.Address), Stdio{In: strings.NewReader(""), Out: &out, Err: &errb})
+		cancel()
+		if code != ExitNoConn || !strings.Contains(errb.String(), "caged is not running") {
+			t.Errorf("%v with caged down: exit %d (want %d) %s", args, code, ExitNoConn, errb.String())
+		}
 	}
 }

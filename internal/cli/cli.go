@@ -34,7 +34,8 @@ const (
 	// still current. Distinct from a refused release (1), a policy verdict.
 	ExitIO = 5
 	// ExitExpired: `store verify` found the store intact but the current
-	// generation's release expired (a frozen mirror); see docs/store.md.
+	// generation's release, or the trusted key set, expired (a frozen
+	// channel); see docs/store.md.
 	ExitExpired = 6
 )
 
@@ -239,5 +240,5 @@ exit status:
   3  caged refused: not authorized
   4  caged could not be reached
   5  store I/O failure (out of space or inodes, read-only, I/O error); nothing was switched
-  6  store verify: intact, but the current generation's release has expired
+  6  store verify: intact, but the current generation's release (or the trusted key set) has expired
 `

@@ -85,7 +85,7 @@ var help = map[string]helpText{
 		examples: []string{"cagectl kill claude"},
 	},
 	"logs": {
-		long:     "journalctl for the agent, its gateway, its prepare step and its namespace unit, interleaved. Reads the journal with the caller's own rights: root and members of systemd-journal or adm see everything.",
+		long:     "journalctl for the agent, its gateway, its prepare step and its namespace unit, interleaved. Root reads the journal itself; anyone else asks caged (viewer role for the agent), and if caged refuses or is down, reads the journal with their own rights (members of systemd-journal or adm see everything). Lines from caged are escaped for the terminal.",
 		examples: []string{"cagectl logs claude", "cagectl logs claude -f", "cagectl logs claude -n 500"},
 	},
 	"quarantine": {
@@ -153,8 +153,8 @@ var help = map[string]helpText{
 		examples: []string{"cagectl store verify", "cagectl store verify --all --key /etc/nixcage/release.pub"},
 	},
 	"validate": {
-		long:     "Checks configuration files as one configuration; every error names file:line:col and the fix. Exit status 1 if invalid.",
-		examples: []string{"cagectl validate cage.hcl", "cagectl validate base.hcl agents.hcl"},
+		long:     "Checks configuration files as one configuration; every error names file:line:col and the fix. With --host-checks it also checks this host for what the config names (secret sources exist and are not empty, store keys, the nspawn or podman program) and names each missing piece with its fix. Exit status 1 if invalid or a host check fails.",
+		examples: []string{"cagectl validate cage.hcl", "cagectl validate base.hcl agents.hcl", "cagectl validate cage.hcl --host-checks"},
 	},
 }
 

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nixcage/nixcage/internal/bus"
 	"github.com/nixcage/nixcage/internal/release/releasetest"
 	"github.com/nixcage/nixcage/internal/store"
 )
@@ -250,5 +251,16 @@ func TestKeyRotateCommand(t *testing.T) {
 	out, errOut, code = cagectl(t, append([]string{"rollback", "--to", "1", "--force"}, args...)...)
 	if code != 0 || !strings.Contains(out, "from generation 2 to 1") || !strings.Contains(errOut, "FORCED rollback") {
 		t.Fatalf("forced rollback: exit %d %q %q", code, out, errOut)
+	}
+}
+
+// `cagectl status` says when the current generation is frozen or about to.
+func TestStatusReportsFreshness(t *testing.T) {
+	for state, want := range map[string]string{"expired": "store EXPIRED: m", "expiring": "store expiring: m", "ok": ""} {
+		var out bytes.Buffer
+		printStatus(&Env{Stdio: Stdio{Out: &out, Err: &out}}, &bus.Status{Generation: 3, Channel: "stable", Freshness: state, FreshnessMessage: "m"})
+		if got := out.String(); (want == "" && strings.Contains(strings.ToLower(got), "store expir")) || !strings.Contains(got, want) {
+			t.Errorf("freshness %s: %q", state, got)
+		}
 	}
 }

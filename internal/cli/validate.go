@@ -7,6 +7,7 @@ import (
 	"github.com/hashicorp/hcl/v2"
 
 	"github.com/nixcage/nixcage/internal/config"
+	"github.com/nixcage/nixcage/internal/doctor"
 )
 
 func init() {
@@ -20,6 +21,7 @@ func init() {
 
 func runValidate(ctx context.Context, env *Env, args []string) error {
 	fs := newFlags(env, "validate")
+	hostChecks := fs.Bool("host-checks", false, "also check this host for what the config names: secret sources, store keys, backend programs")
 	files, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -30,6 +32,22 @@ func runValidate(ctx context.Context, env *Env, args []string) error {
 	cfg, err := loadConfig(env, files)
 	if err != nil {
 		return err
+	}
+	if *hostChecks {
+		h := doctor.Host{}
+		fl := h.Config(cfg, installedOptions(h))
+		var bad []doctor.Finding
+		for _, f := range fl {
+			if f.Level != doctor.OK {
+				bad = append(bad, f)
+			}
+		}
+		printFindings(&Env{Stdio: Stdio{In: env.In, Out: env.Err, Err: env.Err}}, bad, false)
+		if doctor.Failed(fl) {
+			return &ExitError{Code: ExitFailure, Err: fmt.Errorf("configuration valid, but this host lacks what it names (above)")}
+		}
+		fmt.Fprintf(env.Out, "%d file(s) valid: %d agent(s), %d account(s); %d host check(s) passed\n", len(files), len(cfg.Agents), len(cfg.Accounts), len(fl))
+		return nil
 	}
 	fmt.Fprintf(env.Out, "%d file(s) valid: %d agent(s), %d account(s)\n", len(files), len(cfg.Agents), len(cfg.Accounts))
 	return nil

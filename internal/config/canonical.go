@@ -96,6 +96,19 @@ func Canonical(cfg *Config) ([]byte, error) {
 		}
 		doc["store"] = m
 	}
+	if e := cfg.Evidence; e != (Evidence{}) {
+		m := map[string]any{}
+		if e.MaxBytes > 0 {
+			m["max_bytes"] = e.MaxBytes
+		}
+		if e.MaxEntries > 0 {
+			m["max_entries"] = e.MaxEntries
+		}
+		if e.MaxDuration > 0 {
+			m["max_duration"] = e.MaxDuration.String()
+		}
+		doc["evidence"] = m
+	}
 	b, err := json.MarshalIndent(doc, "", "  ")
 	if err != nil {
 		return nil, err

@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/hcl/v2"
 )
@@ -62,6 +63,9 @@ func TestReferenceModel(t *testing.T) {
 	}
 	if cfg.Store == nil || cfg.Store.Threshold != 1 || cfg.Store.Generations != DefaultGenerations {
 		t.Errorf("store = %+v", cfg.Store)
+	}
+	if want := (Evidence{MaxBytes: 2 << 30, MaxEntries: 200000, MaxDuration: 5 * time.Minute}); cfg.Evidence != want {
+		t.Errorf("evidence = %+v, want %+v", cfg.Evidence, want)
 	}
 }
 
@@ -263,4 +267,18 @@ func FuzzLoad(f *testing.F) {
 			}
 		}
 	})
+}
+
+// An agent without backend runs under the default, the service backend.
+func TestBackendDefaultsToService(t *testing.T) {
+	cfg, diags := NewLoader().Load(Source{Name: "a.hcl", Data: []byte("agent \"a\" {\n  command = [\"/bin/true\"]\n}\n")})
+	if diags.HasErrors() {
+		t.Fatal(diags.Error())
+	}
+	if got := cfg.Agents[0].Backend; got != BackendService {
+		t.Errorf("backend = %q, want %q", got, BackendService)
+	}
+	if b, _ := Canonical(cfg); !strings.Contains(string(b), `"backend": "service"`) {
+		t.Errorf("canonical config does not spell the default out:\n%s", b)
+	}
 }

@@ -12,6 +12,7 @@ type Config struct {
 	Agents   []*Agent   // sorted by name
 	Accounts []*Account // in declaration order
 	Store    *Store     // nil when no store block was declared
+	Evidence Evidence   // zero fields: the quarantine package's defaults
 	// Policies are the declared named policies, used or not (cagectl run
 	// names them too), sorted by name.
 	Policies []policy.Policy
@@ -20,6 +21,9 @@ type Config struct {
 // Backends an agent can run under.
 const (
 	BackendService = "service"
+	// DefaultBackend is what an agent without `backend` runs under: the
+	// lightest cage, needing nothing beyond systemd.
+	DefaultBackend = BackendService
 	BackendNspawn  = "nspawn"
 	BackendPodman  = "podman"
 )
@@ -87,6 +91,14 @@ func (a *Account) Covers(agent string) bool {
 }
 
 // Store configures the shared read-only tool store and release trust.
+// Evidence bounds the workspace copy of each quarantine (per agent). A zero
+// field means the default, which lives with the copy (package quarantine).
+type Evidence struct {
+	MaxBytes    int64
+	MaxEntries  int
+	MaxDuration time.Duration
+}
+
 type Store struct {
 	Root        string
 	Channel     string

@@ -14,12 +14,21 @@ type fileV1 struct {
 	Policies []namedPolicy `hcl:"egress_policy,block"`
 	Accounts []accountV1   `hcl:"account,block"`
 	Store    []storeV1     `hcl:"store,block"`
+	Evidence []evidenceV1  `hcl:"evidence,block"`
+}
+
+// evidenceV1 bounds each quarantine's copy of an agent's workspace.
+type evidenceV1 struct {
+	Body        hcl.Body `hcl:",body"`
+	MaxBytes    *int64   `hcl:"max_bytes,optional"`
+	MaxEntries  *int     `hcl:"max_entries,optional"`
+	MaxDuration *string  `hcl:"max_duration,optional"`
 }
 
 type agentV1 struct {
 	Body        hcl.Body          `hcl:",body"`
 	Name        string            `hcl:"name,label"`
-	Backend     string            `hcl:"backend"`
+	Backend     string            `hcl:"backend,optional"`
 	Command     []string          `hcl:"command"`
 	Environment map[string]string `hcl:"environment,optional"`
 	Workspace   *string           `hcl:"workspace,optional"`

@@ -210,18 +210,10 @@ func (v *validator) build(files []*fileV1) *Config {
 		}
 	}
 
-	var storeBody hcl.Body
-	for _, f := range files {
-		for i := range f.Store {
-			s := &f.Store[i]
-			if storeBody != nil {
-				v.errorf(block(s.Body), "Duplicate store block", "a store block is already declared at %s. Keep one store block per configuration.", block(storeBody))
-				continue
-			}
-			storeBody = s.Body
-			cfg.Store = v.store(s)
-		}
-	}
+	storeBody := onlyBlock(v, files, "store", func(f *fileV1) []storeV1 { return f.Store }, func(s *storeV1) hcl.Body { return s.Body },
+		func(s *storeV1) { cfg.Store = v.store(s) })
+	onlyBlock(v, files, "evidence", func(f *fileV1) []evidenceV1 { return f.Evidence }, func(e *evidenceV1) hcl.Body { return e.Body },
+		func(e *evidenceV1) { cfg.Evidence = v.evidence(e) })
 	if cfg.Store != nil {
 		for _, a := range cfg.Agents {
 			if within(a.Workspace, cfg.Store.Root) {
@@ -278,7 +270,10 @@ func (v *validator) agent(a *agentV1) *Agent {
 	if ag.Environment == nil {
 		ag.Environment = map[string]string{}
 	}
-	switch a.Backend {
+	if ag.Backend == "" {
+		ag.Backend = DefaultBackend
+	}
+	switch ag.Backend {
 	case BackendService, BackendNspawn, BackendPodman:
 	default:
 		v.errorf(at(a.Body, "backend"), "Unknown backend", "agent %q: backend %q is not one of \"service\", \"nspawn\", \"podman\".", a.Name, a.Backend)
@@ -776,6 +771,52 @@ func (v *validator) store(s *storeV1) *Store {
 		if *s.Generations < 2 {
 			v.errorf(at(s.Body, "generations"), "Too few generations", "store: generations = %d; keep at least 2 so there is something to roll back to.", *s.Generations)
 		}
+	}
+	return out
+}
+
+// onlyBlock hands the first block of a kind that may appear once per
+// configuration (across all files) to use, refuses the others, and returns
+// the first one's body (nil if there is none).
+func onlyBlock[T any](v *validator, files []*fileV1, kind string, blocks func(*fileV1) []T, body func(*T) hcl.Body, use func(*T)) hcl.Body {
+	var first hcl.Body
+	for _, f := range files {
+		bs := blocks(f)
+		for i := range bs {
+			b := &bs[i]
+			if first != nil {
+				v.errorf(block(body(b)), "Duplicate "+kind+" block", "a %s block is already declared at %s. Keep one %s block per configuration.", kind, block(first), kind)
+				continue
+			}
+			first = body(b)
+			use(b)
+		}
+	}
+	return first
+}
+
+// evidence checks the quarantine copy's bounds: each must be positive
+// (leave it out for the default).
+func (v *validator) evidence(e *evidenceV1) Evidence {
+	var out Evidence
+	if e.MaxBytes != nil {
+		if *e.MaxBytes <= 0 {
+			v.errorf(at(e.Body, "max_bytes"), "Invalid evidence cap", "evidence: max_bytes = %d; give a positive number of bytes (such as 1073741824), or leave it out for the default.", *e.MaxBytes)
+		}
+		out.MaxBytes = *e.MaxBytes
+	}
+	if e.MaxEntries != nil {
+		if *e.MaxEntries <= 0 {
+			v.errorf(at(e.Body, "max_entries"), "Invalid evidence cap", "evidence: max_entries = %d; give a positive number of workspace entries, or leave it out for the default.", *e.MaxEntries)
+		}
+		out.MaxEntries = *e.MaxEntries
+	}
+	if e.MaxDuration != nil {
+		d, err := ParseDays(*e.MaxDuration)
+		if err != nil || d <= 0 {
+			v.errorf(at(e.Body, "max_duration"), "Invalid evidence time limit", "evidence: max_duration = %q; write a positive duration such as \"2m\", or leave it out for the default.", *e.MaxDuration)
+		}
+		out.MaxDuration = d
 	}
 	return out
 }

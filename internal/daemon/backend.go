@@ -89,6 +89,9 @@ func (d *Daemon) agentStatusWith(a *config.Agent, m *quarantine.Mark) bus.AgentS
 	s := d.states[unit]
 	as.LoadState, as.ActiveState, as.SubState = s.Load, s.Active, s.Sub
 	as.EgressState = d.states[paths.Instance(paths.EgressTemplate, a.Name)].Active
+	if f := d.egressFail[a.Name]; f != "" {
+		as.EgressState = f
+	}
 	if s.Running() {
 		as.Generation = d.agentGen[a.Name]
 	}
@@ -104,13 +107,17 @@ func (d *Daemon) refreshStates(ctx context.Context, agents ...string) error {
 			agents = append(agents, a.Name)
 		}
 	}
-	names := make([]string, 0, 2*len(agents))
+	names := make([]string, 0, 3*len(agents))
 	for _, a := range agents {
-		names = append(names, paths.Instance(paths.AgentTemplate, a), paths.Instance(paths.EgressTemplate, a))
+		svc, sock := egressUnits(a)
+		names = append(names, paths.Instance(paths.AgentTemplate, a), svc, sock)
 	}
 	states, err := d.units.States(ctx, names)
 	if err != nil {
 		return err
+	}
+	for _, a := range agents {
+		d.noteEgress(a, d.egressFailure(ctx, a, states))
 	}
 	type change struct{ agent, active, sub string }
 	var changed []change
@@ -255,7 +262,9 @@ func (d *Daemon) Quarantine(ctx context.Context, agent, reason, by string) (stri
 	snap, _ := d.Agent(ctx, agent)
 	res, err := quarantine.Run(ctx, d.units, d.qdirs, quarantine.Request{
 		Agent: agent, Reason: reason, By: by, Workspace: a.Workspace, Status: snap, Log: d.log,
-		Limits: d.o.Evidence,
+		// The config's evidence block, as of this quarantine (a reload
+		// applies to the next one).
+		Limits: quarantine.Limits(d.config().Evidence),
 		Contained: func() {
 			d.log.Warn("agent contained: stopped, egress cut; copying evidence", "agent", agent)
 			if d.o.Contained != nil {

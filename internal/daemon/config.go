@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/nixcage/nixcage/internal/bus"
@@ -181,7 +183,9 @@ func (d *Daemon) RotateSecret(ctx context.Context, agent, name string, newPlaceh
 // agent if it was running. Quarantined agents are never started.
 func (d *Daemon) restartCage(ctx context.Context, agent string, startAgent bool) error {
 	prep := paths.Instance(paths.PrepTemplate, agent)
-	for _, u := range []string{prep, paths.Instance(paths.EgressTemplate, agent), paths.Instance(paths.AgentTemplate, agent)} {
+	// The sockets too: after a gateway crash loop (start limit hit) they
+	// are failed, and this restart is the documented way back.
+	for _, u := range []string{prep, paths.Instance(paths.ProxySocketTpl, agent), paths.Instance(paths.DNSSocketTpl, agent), paths.Instance(paths.EgressTemplate, agent), paths.Instance(paths.AgentTemplate, agent)} {
 		_ = d.sd.ResetFailedUnitContext(ctx, u)
 	}
 	if err := d.units.Restart(ctx, prep); err != nil {
@@ -246,4 +250,42 @@ func (d *Daemon) secretHint(ctx context.Context, a *config.Agent) string {
 		return ""
 	}
 	return "; " + strings.Join(hints, "; ")
+}
+
+// ReadLogs implements bus.LogsBackend with journalctl, as `cagectl logs`
+// runs it for root: the agent, its gateway, its prepare step and its
+// namespace unit, interleaved.
+func (d *Daemon) ReadLogs(ctx context.Context, agent string, lines uint32, cursor string) ([]string, string, error) {
+	journalctl, err := exec.LookPath("journalctl")
+	if err != nil {
+		return nil, "", fmt.Errorf("journalctl not found on caged's PATH: %w", err)
+	}
+	argv := []string{"--no-pager", "-o", "short-iso", "--show-cursor"}
+	if cursor != "" {
+		argv = append(argv, "--after-cursor", cursor)
+	} else {
+		argv = append(argv, "-n", strconv.FormatUint(uint64(lines), 10))
+	}
+	for _, tpl := range []string{paths.AgentTemplate, paths.EgressTemplate, paths.PrepTemplate, paths.NetnsTemplate} {
+		argv = append(argv, "-u", paths.Instance(tpl, agent))
+	}
+	out, err := exec.CommandContext(ctx, journalctl, argv...).Output()
+	if err != nil {
+		return nil, "", fmt.Errorf("journalctl: %w", err)
+	}
+	var entries []string
+	next := cursor
+	for _, l := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
+		switch {
+		case strings.HasPrefix(l, "-- cursor: "):
+			next = strings.TrimPrefix(l, "-- cursor: ")
+		case l == "" || l == "-- No entries --":
+		default:
+			entries = append(entries, l)
+		}
+	}
+	if uint32(len(entries)) > lines {
+		entries = entries[len(entries)-int(lines):]
+	}
+	return entries, next, nil
 }

@@ -52,9 +52,6 @@ type Options struct {
 	Ready func()
 	// PollInterval is how often audit logs are read (default 1s).
 	PollInterval time.Duration
-	// Evidence bounds each quarantine's workspace copy (zero fields: the
-	// quarantine package's defaults).
-	Evidence quarantine.Limits
 	// Contained, if set, is called when a quarantined agent is down and
 	// cut off, before its evidence is copied (tests order on it).
 	Contained func(agent string)
@@ -73,9 +70,6 @@ func Run(ctx context.Context, args []string, stdio Stdio) error {
 	fs.StringVar(&o.Systemd, "systemd-bus", "", "bus `ADDRESS` where systemd is reached (default: the system bus)")
 	fs.StringVar(&o.Root, "root", "", "prefix every host path with `DIR` (testing only)")
 	fs.StringVar(&o.BinDir, "bindir", "", "`DIR` holding cage-egress for rendered units (default: caged's own directory)")
-	fs.Int64Var(&o.Evidence.MaxBytes, "evidence-max-bytes", quarantine.DefaultMaxBytes, "copy at most `N` bytes of workspace file content per quarantine (holes count, they are hashed; what is cut is named in omitted.txt)")
-	fs.IntVar(&o.Evidence.MaxEntries, "evidence-max-entries", quarantine.DefaultMaxEntries, "look at most at `N` workspace entries per quarantine")
-	fs.DurationVar(&o.Evidence.MaxDuration, "evidence-max-duration", quarantine.DefaultMaxDuration, "stop a quarantine's workspace copy after `D`")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
@@ -84,10 +78,6 @@ func Run(ctx context.Context, args []string, stdio Stdio) error {
 	if *showVersion {
 		fmt.Fprintln(stdio.Out, "caged", version.Version)
 		return nil
-	}
-	if o.Evidence.MaxBytes <= 0 || o.Evidence.MaxEntries <= 0 || o.Evidence.MaxDuration <= 0 {
-		return fmt.Errorf("--evidence-max-bytes, --evidence-max-entries and --evidence-max-duration must be positive (defaults %d, %d, %s)",
-			quarantine.DefaultMaxBytes, quarantine.DefaultMaxEntries, quarantine.DefaultMaxDuration)
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("caged takes no arguments (got %q); see caged -h", fs.Args())
@@ -125,6 +115,7 @@ type Daemon struct {
 	reconcileErr   string
 	agentGen       map[string]uint64 // store generation an agent started with
 	states         map[string]reconcile.State
+	egressFail     map[string]string // agent -> why its gateway is down (egress.go)
 	audit          *auditTail
 	lastGeneration uint64
 	runs           map[string]*run // throw-away cages by name
@@ -157,7 +148,7 @@ func Serve(ctx context.Context, o Options) error {
 		// unreadable to them. Every file caged writes sets its mode.
 		syscall.Umask(0o022)
 	}
-	d := &Daemon{o: o, log: o.Log, started: time.Now(), qdirs: quarantine.Dirs{Root: o.Root}, agentGen: map[string]uint64{}, states: map[string]reconcile.State{}}
+	d := &Daemon{o: o, log: o.Log, started: time.Now(), qdirs: quarantine.Dirs{Root: o.Root}, agentGen: map[string]uint64{}, states: map[string]reconcile.State{}, egressFail: map[string]string{}}
 	cfg, err := d.loadConfig()
 	if err != nil {
 		return err
@@ -238,6 +229,8 @@ func Serve(ctx context.Context, o Options) error {
 		select {
 		case <-ctx.Done():
 			sddaemon.SdNotify(false, sddaemon.SdNotifyStopping)
+			// Nobody would tear a run down otherwise.
+			d.stopRuns()
 			d.conn.ReleaseName(bus.Name)
 			wg.Wait()
 			d.log.Info("caged stopped")
@@ -425,6 +418,11 @@ func (d *Daemon) watchUnits(ctx context.Context, updates <-chan *sdbus.Propertie
 			d.mu.Unlock()
 			if d.srv == nil {
 				continue
+			}
+			if !isAgent && s.Active == "failed" && prev.Active != "failed" {
+				// The gateway failed: find out why off this loop (it
+				// must not call systemd), then publish.
+				go d.refresh(ctx, agent)
 			}
 			d.srv.UpdateAgent(d.agentStatus(a))
 			// systemd often repeats a state in a second PropertiesChanged;

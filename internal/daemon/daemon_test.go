@@ -17,6 +17,8 @@ import (
 	"github.com/nixcage/nixcage/internal/daemon/daemontest"
 	"github.com/nixcage/nixcage/internal/paths"
 	"github.com/nixcage/nixcage/internal/quarantine"
+	"github.com/nixcage/nixcage/internal/release"
+	"github.com/nixcage/nixcage/internal/release/releasetest"
 	"github.com/nixcage/nixcage/internal/testenv"
 )
 
@@ -91,7 +93,9 @@ func TestLifecycleKillAndEvents(t *testing.T) {
 		"KillUnit " + unit("beta") + " all 9",
 		// A restart is the whole cage's: the prepare step re-runs (a rotated
 		// secret is picked up), then the agent is started.
-		"ResetFailedUnit " + paths.Instance(paths.PrepTemplate, "beta"), "ResetFailedUnit " + paths.Instance(paths.EgressTemplate, "beta"),
+		"ResetFailedUnit " + paths.Instance(paths.PrepTemplate, "beta"),
+		"ResetFailedUnit " + paths.Instance(paths.ProxySocketTpl, "beta"), "ResetFailedUnit " + paths.Instance(paths.DNSSocketTpl, "beta"),
+		"ResetFailedUnit " + paths.Instance(paths.EgressTemplate, "beta"),
 		"ResetFailedUnit " + unit("beta"), "RestartUnit " + paths.Instance(paths.PrepTemplate, "beta"), "StartUnit " + unit("beta"),
 		"StopUnit " + unit("beta"),
 	}
@@ -360,6 +364,122 @@ func TestEventsFollowACagedRestart(t *testing.T) {
 			}
 		case <-ctx.Done():
 			t.Fatal("no audit signal from the restarted caged reached the stream")
+		}
+	}
+}
+
+// The config's evidence block bounds the copy caged makes.
+func TestEvidenceLimitsComeFromTheConfig(t *testing.T) {
+	c := daemontest.Start(t, twoAgents+`
+evidence {
+  max_entries = 3
+}
+`)
+	ws := c.Path(paths.DefaultWorkspace("alpha"))
+	os.MkdirAll(ws, 0o755)
+	for i := 0; i < 10; i++ {
+		os.WriteFile(filepath.Join(ws, fmt.Sprintf("f%d", i)), []byte("x"), 0o644)
+	}
+	ev, err := c.Client().Quarantine(context.Background(), "alpha", "limits")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(ev, quarantine.SummaryName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), `"stopped": "entry cap of 3 reached"`) || !strings.Contains(string(b), `"max_entries": 3`) {
+		t.Errorf("evidence.json:\n%s", b)
+	}
+}
+
+// A store disk that fills up under caged: the apply is reported over the
+// bus as an I/O failure (bus.ErrIO, cagectl's exit 5), not as a refusal; no
+// ReleaseApplied signal, status still names generation 1. With space back
+// the same release applies, is signalled and shows in status, as
+// "expiring" since it expires within the default window.
+func TestApplyOnFullStoreDiskThroughCaged(t *testing.T) {
+	releasetest.RequireNix(t)
+	testenv.RequirePrivileged(t)
+	c := daemontest.Start(t, twoAgents)
+	mustWrite := func(p string, b []byte) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	priv, pub, err := release.GenerateKey(release.AlgEd25519)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustWrite(c.Path("/etc/nixcage/release.pub"), pub)
+	key, err := release.ParsePrivateKey(priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := c.Path("/var/lib/nixcage")
+	if err := os.MkdirAll(store, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	releasetest.SmallFSAt(t, store, 16<<20, 2048)
+	rels := t.TempDir()
+	// Generation 2 expires in 3 days: inside the default 7-day window.
+	expires := map[uint64]time.Time{1: releasetest.Expires(), 2: time.Now().Add(72 * time.Hour)}
+	for gen, size := range map[uint64]int{1: 64 << 10, 2: 2 << 20} {
+		top := releasetest.Closure(t, fmt.Sprintf("caged-full-%d", gen), size)
+		if _, err := release.Create(context.Background(), release.CreateOptions{StorePath: top, Keys: []*release.PrivateKey{key},
+			Channel: "stable", Generation: gen, Expires: expires[gen], Out: filepath.Join(rels, fmt.Sprint(gen)), Compression: "none"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.WriteConfig(twoAgents + `
+store {
+  channel = "stable"
+  keys    = ["/etc/nixcage/release.pub"]
+}
+`)
+	cl := c.Client()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := cl.Reload(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.Apply(ctx, filepath.Join(rels, "1")); err != nil {
+		t.Fatal(err)
+	}
+	events, err := cl.Events(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	free := releasetest.Fill(t, store, 256<<10, 1000)
+	_, err = cl.Apply(ctx, filepath.Join(rels, "2"))
+	if !errors.Is(err, bus.ErrIO) || strings.Contains(err.Error(), "release refused") || !strings.Contains(err.Error(), "no space left") {
+		t.Fatalf("apply on a full store disk: %v, want a bus.ErrIO naming the cause", err)
+	}
+	if st, _ := cl.Status(ctx); st.Generation != 1 || st.Freshness != "ok" {
+		t.Fatalf("status after the failed apply: generation %d freshness %q", st.Generation, st.Freshness)
+	}
+	free()
+	res, err := cl.Apply(ctx, filepath.Join(rels, "2"))
+	if err != nil || res.Generation != 2 {
+		t.Fatalf("apply once space is back: %+v %v", res, err)
+	}
+	e := waitEvent(t, events, func(e bus.Event) bool { return e.Kind == bus.SignalReleaseApplied })
+	if e.Data["generation"] != "2" || e.Data["previous"] != "1" {
+		t.Fatalf("the first ReleaseApplied signal is %+v, want generation 2 from 1 (none for the failed apply)", e)
+	}
+	st, err := cl.Status(ctx)
+	if err != nil || st.Generation != 2 || st.GenerationExpiresUnix != expires[2].Unix() || st.Freshness != "expiring" || !strings.Contains(st.FreshnessMessage, "publish and apply a fresh one") {
+		t.Fatalf("status after applying a release that expires in 3 days: %+v %v", st, err)
+	}
+	mgr := c.Bus.Conn(t).Object(bus.Name, bus.Path)
+	for prop, want := range map[string]any{"Freshness": "expiring", "GenerationExpires": expires[2].Unix(), "Generation": uint64(2)} {
+		v, err := mgr.GetProperty(bus.ManagerIface + "." + prop)
+		if err != nil || v.Value() != want {
+			t.Errorf("Manager property %s = %v (%v), want %v", prop, v.Value(), err, want)
 		}
 	}
 }

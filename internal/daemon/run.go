@@ -43,15 +43,17 @@ var _ bus.RunBackend = (*Daemon)(nil)
 type run struct {
 	name, backend, by string
 	uid               uint32
-	sender            string // the caller's unique bus name: the run ends when it leaves
-	dir               string // paths.RunDir, on the host
-	started           time.Time
+	sender            string    // the caller's unique bus name: the run ends when it leaves
+	dir               string    // paths.RunDir, on the host
+	started           time.Time // StartRun was called
+	up                time.Time // the start job finished
 	binds             []verifiedBind
 	secretValues      map[string][]byte // until written to dir/secrets
 
 	mu     sync.Mutex
 	state  reconcile.State
-	active bool // the agent unit reached active once
+	active bool // the start job finished
+	seenUp bool // systemd reported the unit activating or active
 
 	once sync.Once
 	done chan struct{}
@@ -104,10 +106,12 @@ func (d *Daemon) StartRun(ctx context.Context, req bus.RunRequest, stdio [3]dbus
 		}
 	}()
 
+	t0 := time.Now()
 	r, agent, store, err := d.prepareRun(req, bindF, binds, secrets, secretF, caller, sender)
 	if err != nil {
 		return "", err
 	}
+	r.started = t0
 	if err := d.launchRun(ctx, r, agent, store, req, stdioF); err != nil {
 		return "", err
 	}
@@ -366,7 +370,7 @@ func (d *Daemon) launchRun(ctx context.Context, r *run, agent *config.Agent, sto
 	d.runs[r.name] = r
 	d.mu.Unlock()
 	fail := func(err error) error {
-		d.teardownRun(context.Background(), r)
+		d.teardownRun(context.Background(), d.units, r)
 		d.mu.Lock()
 		delete(d.runs, r.name)
 		d.mu.Unlock()
@@ -384,12 +388,12 @@ func (d *Daemon) launchRun(ctx context.Context, r *run, agent *config.Agent, sto
 	if _, err := render.Write(root, files); err != nil {
 		return fail(fmt.Errorf("run %s: %w", r.name, err))
 	}
-	// New unit files and drop-ins: systemd 252 loads units it has never
-	// seen from disk, but its cache of unit paths is only rebuilt on
-	// daemon-reload.
-	if err := d.sd.ReloadContext(ctx); err != nil {
-		return fail(fmt.Errorf("run %s: daemon-reload: %w", r.name, err))
-	}
+	// No daemon-reload: every unit of the run has a name systemd has never
+	// loaded, and systemd 252 rescans its unit directories when it looks
+	// up such a name after they changed (checked in checks/system: the
+	// /run instance file wins over the /etc template, and the transient
+	// unit gets its drop-in). A reload would cost ~half a second and stall
+	// every other job on the host.
 	unit := paths.Instance(paths.AgentTemplate, r.name)
 	props := []sdbus.Property{
 		sdbus.PropDescription(fmt.Sprintf("nixcage throw-away cage %s (%s backend) for %s", r.name, r.backend, r.by)),
@@ -397,8 +401,9 @@ func (d *Daemon) launchRun(ctx context.Context, r *run, agent *config.Agent, sto
 		{Name: "StandardOutputFileDescriptor", Value: dbus.MakeVariant(dbus.UnixFD(stdio[1].Fd()))},
 		{Name: "StandardErrorFileDescriptor", Value: dbus.MakeVariant(dbus.UnixFD(stdio[2].Fd()))},
 	}
-	d.log.Info("start throw-away cage", "name", r.name, "backend", r.backend, "by", r.by, "command", req.Command, "binds", len(r.binds))
-	r.started = time.Now()
+	d.log.Info("start throw-away cage", "name", r.name, "backend", r.backend, "by", r.by, "command", req.Command, "binds", len(r.binds),
+		"prepared_in", time.Since(r.started).Round(time.Microsecond))
+	tStart := time.Now()
 	ch := make(chan string, 1)
 	if _, err := d.sd.StartTransientUnitContext(ctx, unit, "fail", props, ch); err != nil {
 		return fail(fmt.Errorf("run %s: start: %w", r.name, err))
@@ -411,9 +416,16 @@ func (d *Daemon) launchRun(ctx context.Context, r *run, agent *config.Agent, sto
 	case <-ctx.Done():
 		return fail(fmt.Errorf("run %s: waiting for the start: %w", r.name, ctx.Err()))
 	}
+	// A quick command may have ended before the job's result arrived,
+	// and its state change been seen already.
 	r.mu.Lock()
 	r.active = true
-	r.state = reconcile.State{Load: "loaded", Active: "active", Sub: "running"}
+	r.up = time.Now()
+	d.log.Info("throw-away cage up", "name", r.name, "start_job", r.up.Sub(tStart).Round(time.Microsecond))
+	endedEarly := r.seenUp && isEnded(r.state)
+	if !r.seenUp {
+		r.state = reconcile.State{Load: "loaded", Active: "active", Sub: "running"}
+	}
 	r.mu.Unlock()
 	if err := d.checkBinds(ctx, r, unit); err != nil {
 		d.log.Error("throw-away cage got a different directory than the caller opened; killed", "name", r.name, "by", r.by, "err", err)
@@ -422,6 +434,10 @@ func (d *Daemon) launchRun(ctx context.Context, r *run, agent *config.Agent, sto
 		return fmt.Errorf("run %s: %w", r.name, err)
 	}
 	d.srv.Emit(bus.SignalRunStarted, r.name, r.backend, r.by)
+	if endedEarly {
+		go d.finishRun(r, "")
+		return nil
+	}
 	d.publishAgents(ctx)
 	go d.superviseRun(r)
 	return nil
@@ -485,22 +501,41 @@ func writeRunSecrets(dir string, values map[string][]byte) error {
 }
 
 // superviseRun waits for the cage to end: systemd's signals (watchUnits)
-// report it at once; a slow poll covers a lost signal and the caller
-// leaving the bus.
+// report it at once, the bus reports the caller leaving at once
+// (NameOwnerChanged), and a slow poll covers a lost signal.
 func (d *Daemon) superviseRun(r *run) {
 	unit := paths.Instance(paths.AgentTemplate, r.name)
-	tk := time.NewTicker(2 * time.Second)
+	left := make(chan *dbus.Signal, 8)
+	match := []dbus.MatchOption{dbus.WithMatchSender("org.freedesktop.DBus"), dbus.WithMatchInterface("org.freedesktop.DBus"),
+		dbus.WithMatchMember("NameOwnerChanged"), dbus.WithMatchArg(0, r.sender)}
+	if r.sender != "" && d.conn.AddMatchSignal(match...) == nil {
+		d.conn.Signal(left)
+		defer d.conn.RemoveSignal(left)
+		defer d.conn.RemoveMatchSignal(match...)
+	}
+	tk := time.NewTicker(5 * time.Second)
 	defer tk.Stop()
+	check := true // the caller may have left before the match was added
 	for {
+		if check && !d.callerPresent(r.sender) {
+			d.log.Info("caller of a throw-away cage left the bus; stopping it", "name", r.name, "by", r.by)
+			d.stopRun(r, "the caller left")
+			return
+		}
+		check = false
 		select {
 		case <-r.done:
 			return
-		case <-tk.C:
-		}
-		if !d.callerPresent(r.sender) {
-			d.log.Info("caller of a throw-away cage left the bus; stopping it", "name", r.name, "by", r.by)
-			d.stopRun(r, "the caller left")
+		case sig, ok := <-left:
+			switch {
+			case !ok:
+				left = nil // the connection is closing; the poll goes on
+			case sig != nil && sig.Name == "org.freedesktop.DBus.NameOwnerChanged" && len(sig.Body) == 3 && sig.Body[0] == r.sender:
+				check = true
+			}
 			continue
+		case <-tk.C:
+			check = true
 		}
 		states, err := d.units.States(context.Background(), []string{unit})
 		if err != nil {
@@ -545,7 +580,10 @@ func (d *Daemon) runUnitChanged(unit string, s reconcile.State) bool {
 	if s.Sub != "" {
 		r.state.Sub = s.Sub
 	}
-	ended := r.active && (s.Active == "inactive" || s.Active == "failed")
+	if s.Active == "activating" || s.Active == "active" {
+		r.seenUp = true
+	}
+	ended := r.active && r.seenUp && isEnded(s)
 	r.mu.Unlock()
 	d.srv.Emit(bus.SignalAgentStateChanged, name, r.state.Active, r.state.Sub)
 	if ended {
@@ -553,6 +591,8 @@ func (d *Daemon) runUnitChanged(unit string, s reconcile.State) bool {
 	}
 	return true
 }
+
+func isEnded(s reconcile.State) bool { return s.Active == "inactive" || s.Active == "failed" }
 
 // stopRun stops a run's command (the run then finishes as usual).
 func (d *Daemon) stopRun(r *run, why string) {
@@ -563,6 +603,34 @@ func (d *Daemon) stopRun(r *run, why string) {
 		d.log.Warn("stop throw-away cage", "name", r.name, "why", why, "err", err)
 	}
 	d.finishRun(r, why)
+}
+
+// stopRuns tears every run down when caged stops. caged's own bus
+// connections end with its context, so this takes a connection of its
+// own; the callers, who can no longer be told, notice caged going away and
+// say so.
+func (d *Daemon) stopRuns() {
+	d.mu.RLock()
+	runs := make([]*run, 0, len(d.runs))
+	for _, r := range d.runs {
+		runs = append(runs, r)
+	}
+	d.mu.RUnlock()
+	if len(runs) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sd, err := dialSystemd(ctx, d.o.Systemd)
+	if err != nil {
+		d.log.Error("stopping: cannot reach systemd; throw-away cages are left for the next caged", "err", err)
+		return
+	}
+	defer sd.Close()
+	for _, r := range runs {
+		d.log.Info("caged is stopping: tearing down a throw-away cage", "name", r.name, "by", r.by)
+		d.teardownRun(ctx, reconcile.Units{SD: sd}, r)
+	}
 }
 
 // SignalRun implements bus.RunBackend.
@@ -598,13 +666,15 @@ func (d *Daemon) finishRun(r *run, why string) {
 		unit := paths.Instance(paths.AgentTemplate, r.name)
 		sum := bus.RunSummary{Name: r.name, Error: why, Audit: filepath.Join(paths.AuditDir(r.name), "audit.jsonl")}
 		sum.Exit, sum.Result = d.exitStatus(ctx, unit)
-		d.teardownRun(ctx, r)
+		tEnd := time.Now()
+		d.teardownRun(ctx, d.units, r)
 		d.auditSummary(r.name, &sum)
 		d.mu.Lock()
 		delete(d.runs, r.name)
 		d.mu.Unlock()
 		d.log.Info("throw-away cage ended", "name", r.name, "by", r.by, "exit", sum.Exit, "result", sum.Result,
-			"allowed", sum.Allowed, "flagged", sum.Flagged, "blocked", sum.Blocked, "duration", time.Since(r.started).Round(time.Millisecond))
+			"allowed", sum.Allowed, "flagged", sum.Flagged, "blocked", sum.Blocked, "duration", time.Since(r.started).Round(time.Millisecond),
+			"ran", tEnd.Sub(r.up).Round(time.Microsecond), "teardown", time.Since(tEnd).Round(time.Microsecond))
 		js, _ := json.Marshal(sum)
 		d.srv.Emit(bus.SignalRunFinished, r.name, sum.Exit, string(js))
 		d.publishAgents(ctx)
@@ -633,16 +703,32 @@ func (d *Daemon) exitStatus(ctx context.Context, unit string) (int32, string) {
 }
 
 // teardownRun stops every unit of the run and removes every file it
-// installed (from its manifest) and its state, except the audit log.
-func (d *Daemon) teardownRun(ctx context.Context, r *run) {
-	// The store-bind check runs per start and does not stay active; it
-	// may have failed.
+// installed (from its manifest) and its state, except the audit log. If
+// the units could not be stopped, the files stay: the manifest is how the
+// next caged finds the run to tear down.
+func (d *Daemon) teardownRun(ctx context.Context, units reconcile.Units, r *run) {
+	// One job: stopping the namespace stops everything bound to it
+	// (sockets and agent: BindsTo=, gateway: Requires= on the sockets), and
+	// the prepare step then stops as unneeded. A failed unit is then reset
+	// so that systemd forgets it.
+	netns := paths.Instance(paths.NetnsTemplate, r.name)
+	if err := units.Stop(ctx, netns); err != nil && !reconcile.IsNoSuchUnit(err) {
+		d.log.Error("teardown: stop; left for the next caged", "unit", netns, "err", err)
+		return
+	}
 	us := append(reconcile.AgentUnits(r.name), paths.Instance(paths.BindsTemplate, r.name))
-	for i := len(us) - 1; i >= 0; i-- {
-		if err := d.units.Stop(ctx, us[i]); err != nil && !reconcile.IsNoSuchUnit(err) {
-			d.log.Warn("teardown: stop", "unit", us[i], "err", err)
+	states, _ := units.States(ctx, us)
+	for _, u := range us {
+		s := states[u]
+		if s.Running() {
+			// Not bound to the namespace after all (a unit changed): stop it.
+			if err := units.Stop(ctx, u); err != nil && !reconcile.IsNoSuchUnit(err) {
+				d.log.Warn("teardown: stop", "unit", u, "err", err)
+			}
 		}
-		_ = d.sd.ResetFailedUnitContext(ctx, us[i])
+		if s.Active == "failed" {
+			_ = units.SD.ResetFailedUnitContext(ctx, u)
+		}
 	}
 	root := d.o.Root
 	for _, p := range readRunManifest(filepath.Join(r.dir, runManifest)) {
@@ -658,9 +744,6 @@ func (d *Daemon) teardownRun(ctx context.Context, r *run) {
 		if err := os.RemoveAll(d.qdirs.Host(p)); err != nil {
 			d.log.Warn("teardown: remove", "path", p, "err", err)
 		}
-	}
-	if err := d.sd.ReloadContext(ctx); err != nil {
-		d.log.Warn("teardown: daemon-reload", "err", err)
 	}
 }
 
@@ -731,7 +814,7 @@ func (d *Daemon) cleanupOrphanRuns(ctx context.Context) {
 	for _, e := range ents {
 		r := &run{name: e.Name(), dir: d.qdirs.Host(paths.RunDir(e.Name()))}
 		d.log.Warn("tearing down a throw-away cage left by a previous caged", "name", r.name)
-		d.teardownRun(ctx, r)
+		d.teardownRun(ctx, d.units, r)
 	}
 }
 

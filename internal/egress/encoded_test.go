@@ -17,6 +17,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -273,6 +274,12 @@ func rawChunks(t *testing.T, h *harness, path string, hdr http.Header) []int {
 			break
 		}
 	}
+	return chunkSizes(t, br)
+}
+
+// chunkSizes reads a chunked body and returns its chunks' sizes.
+func chunkSizes(t *testing.T, br *bufio.Reader) []int {
+	t.Helper()
 	var sizes []int
 	for {
 		line, err := br.ReadString('\n')
@@ -306,11 +313,28 @@ func TestThreatRedactorOracle(t *testing.T) {
 	run := func(path, guess string) []int {
 		return rawChunks(t, h, path, http.Header{"X-Api-Key": {ph}, "X-Pad": {strings.Repeat("p", 700)}, "X-Reflect": {guess}})
 	}
-	a := run("/reflect?right", right)
-	b := run("/reflect?wrong", wrong)
-	if !slices.Equal(a, b) {
-		t.Fatalf("chunk lengths depend on the guess: right %v, wrong %v", a, b)
-	}
+	t.Run("raw HTTP/1.1 client", func(t *testing.T) {
+		a := run("/reflect?right", right)
+		b := run("/reflect?wrong", wrong)
+		if !slices.Equal(a, b) {
+			t.Fatalf("chunk lengths depend on the guess: right %v, wrong %v", a, b)
+		}
+	})
+	t.Run("curl --http1.1 --raw", func(t *testing.T) {
+		curl := lookCurl(t)
+		chunks := func(guess string) []int {
+			out, err := exec.Command(curl, "-sS", "--max-time", "20", "--http1.1", "--raw", "--proxy", "http://"+h.proxyAddr,
+				"--cacert", h.rt.CADir+"/ca.crt", "-H", "X-Api-Key: "+ph, "-H", "X-Pad: "+strings.Repeat("p", 700), "-H", "X-Reflect: "+guess,
+				h.tlsURL("api.example.com", "/reflect")).Output()
+			if err != nil {
+				t.Fatalf("curl: %v", err)
+			}
+			return chunkSizes(t, bufio.NewReader(bytes.NewReader(out)))
+		}
+		if a, b := chunks(right), chunks(wrong); !slices.Equal(a, b) {
+			t.Fatalf("curl sees chunk lengths that depend on the guess: right %v, wrong %v", a, b)
+		}
+	})
 	r := h.want(t, func(r audit.Record) bool { return r.Path == "/reflect" && r.Decision != audit.Blocked }, audit.Flagged, "")
 	if !strings.Contains(r.Reason, "near-match of secret anthropic") {
 		t.Fatalf("guessing not flagged: reason %q", r.Reason)

@@ -41,21 +41,24 @@ func headerSize(r *http.Request) int {
 }
 
 // forwardWith runs the pipeline for one request, one named stage each:
-// decide -> inspect (head, then the body as it streams) -> inject ->
-// forward -> redact -> audit.
+// decide (decideRequest, decideRules) -> inspect (inspectHead, then the
+// body as it streams: inspectBody) -> inject -> forward (outbound) ->
+// redact (respond) -> audit (auditDone, or refuse for every refusal).
 func (g *Gateway) forwardWith(w http.ResponseWriter, r *http.Request, t *target, rec audit.Record, start time.Time, tr http.RoundTripper, scheme string) {
 	st := t.st
 	rec.Inspectors = st.insp.Names()
-	if b := decideRequest(st, t, r); b != nil {
+	fail := func(b *blockedErr) {
 		drain(r.Body)
 		g.refuse(w, r, rec, b, start)
+	}
+	if b := decideRequest(st, t, r); b != nil {
+		fail(b)
 		return
 	}
 	ws := isWebSocket(r)
 	ruleName, b := decideRules(st, t, r, ws)
 	if b != nil {
-		drain(r.Body)
-		g.refuse(w, r, rec, b, start)
+		fail(b)
 		return
 	}
 	if ruleName != "" {
@@ -66,8 +69,7 @@ func (g *Gateway) forwardWith(w http.ResponseWriter, r *http.Request, t *target,
 	}
 	flags, b := inspectHead(st, t, r)
 	if b != nil {
-		drain(r.Body)
-		g.refuse(w, r, rec, b, start)
+		fail(b)
 		return
 	}
 	if ws {
@@ -76,8 +78,7 @@ func (g *Gateway) forwardWith(w http.ResponseWriter, r *http.Request, t *target,
 	}
 	body, b := inspectBody(st, t, r)
 	if b != nil {
-		drain(r.Body)
-		g.refuse(w, r, rec, b, start)
+		fail(b)
 		return
 	}
 	defer body.close()
@@ -85,12 +86,19 @@ func (g *Gateway) forwardWith(w http.ResponseWriter, r *http.Request, t *target,
 	// until the body has released its first inspected bytes or ended: a
 	// body that fits in the stream's hold-back is decided whole first.
 	if b := body.prime(); b != nil {
-		drain(r.Body)
-		g.refuse(w, r, rec, b, start)
+		fail(b)
 		return
 	}
-	rec.SecretsInjected = inject(st.secrets, r.Header, t)
+	g.exchange(w, r, t, rec, start, tr, scheme, body, flags)
+}
+
+// exchange is the second half of the pipeline for a request that passed
+// decide and the head's inspection and whose body is streaming: inject,
+// forward, redact, audit.
+func (g *Gateway) exchange(w http.ResponseWriter, r *http.Request, t *target, rec audit.Record, start time.Time, tr http.RoundTripper, scheme string, body *bodyStream, flags []string) {
+	rec.SecretsInjected = inject(t.st.secrets, r.Header, t)
 	resp, err := tr.RoundTrip(outbound(r, t, scheme, body))
+	rec.BytesOut = body.sent()
 	// The body's verdict wins over whatever the upstream said: a request
 	// blocked mid-body never had its offending bytes sent, and the agent is
 	// told why.
@@ -98,12 +106,10 @@ func (g *Gateway) forwardWith(w http.ResponseWriter, r *http.Request, t *target,
 		if err == nil {
 			resp.Body.Close()
 		}
-		rec.BytesOut = body.sent()
 		g.refuse(w, r, rec, b, start)
 		return
 	}
 	if err != nil {
-		rec.BytesOut = body.sent()
 		g.upstreamError(w, r, rec, err, start)
 		return
 	}
@@ -111,15 +117,23 @@ func (g *Gateway) forwardWith(w http.ResponseWriter, r *http.Request, t *target,
 	flags = append(flags, body.flags()...)
 	n, res, err := g.respond(w, resp, t)
 	if b, ok := err.(*blockedErr); ok {
-		rec.BytesOut = body.sent()
 		g.refuse(w, r, rec, b, start)
+		return
+	}
+	rec.BytesOut, rec.BytesIn = body.sent(), n
+	// An upstream that answered before reading the whole body may have had
+	// the rest of it stopped after the answer began: the body's verdict
+	// still goes on record (its offending bytes were never sent).
+	if b := body.blocked(); b != nil {
+		rec.Decision, rec.Rule, rec.Reason = audit.Blocked, b.rule, b.reason+"; the upstream had begun its answer"
+		rec.DurationMS = time.Since(start).Milliseconds()
+		g.logAudit(rec)
 		return
 	}
 	for _, name := range sortedKeys(res.Near) {
 		flags = append(flags, fmt.Sprintf("%s: near-match of secret %s in the response (an agent guessing at a reflected value)", policy.InspectRealValues, name))
 	}
 	rec.SecretsRedacted = sortedKeys(res.Redacted)
-	rec.BytesOut, rec.BytesIn = body.sent(), n
 	g.auditDone(rec, start, fmt.Sprintf("%s %d", resp.Proto, resp.StatusCode), flags, err)
 }
 
@@ -165,6 +179,11 @@ func decideRequest(st *state, t *target, r *http.Request) *blockedErr {
 // (policy.DecideHTTP: deny wins, a host with allow rules needs a match). It
 // returns the rule that allowed the request, if one did.
 func decideRules(st *state, t *target, r *http.Request, ws bool) (string, *blockedErr) {
+	if ws && !t.tls {
+		// Clients tunnel ws:// through CONNECT (refused: tunnels carry TLS
+		// only); an absolute-form handshake is refused as clearly.
+		return "", block(http.StatusForbidden, "websocket", "WebSocket over plain HTTP is not supported; use wss:// to an intercepted host")
+	}
 	d := st.pol.DecideHTTP(t.host, r.Method, r.URL.EscapedPath(), r.URL.Path, ws)
 	if d.Result == policy.Deny {
 		return "", block(http.StatusForbidden, d.Rule, "%s", d.Reason)

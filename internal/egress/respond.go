@@ -21,7 +21,12 @@ func (g *Gateway) respond(w http.ResponseWriter, resp *http.Response, t *target)
 	m := t.st.redact
 	var src io.Reader = resp.Body
 	decoded := false
-	if cs := codings(resp.Header); len(cs) > 0 && t.st.bound(t.host) {
+	noBody := resp.Body == http.NoBody || resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusNotModified || (resp.Request != nil && resp.Request.Method == http.MethodHead)
+	if cs := codings(resp.Header); len(cs) > 0 && t.st.bound(t.host) && noBody {
+		// Nothing to decode; the headers describe what a GET would get
+		// from the gateway, which is identity.
+		decoded = true
+	} else if len(cs) > 0 && t.st.bound(t.host) {
 		if resp.StatusCode == http.StatusPartialContent {
 			return 0, res, block(http.StatusBadGateway, "content-encoding", "upstream sent a range of a %s-coded body, which cannot be decoded to redact it", strings.Join(cs, ","))
 		}

@@ -5,7 +5,11 @@ package egress
 // record.
 
 import (
+	"bufio"
 	"encoding/json"
+	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -63,5 +67,74 @@ func TestThreatHTTPRules(t *testing.T) {
 				t.Fatalf("refusal body %q: %v", body, err)
 			}
 		})
+	}
+}
+
+// A deny rule refuses every spelling a common upstream routes to the path
+// it names: other letter case (Express, ASP.NET), a trailing slash
+// (Express, Rails), the prefix itself, and ";" path parameters (Tomcat,
+// Spring strip them). The agent sends each with its placeholder; none may
+// reach the upstream or get the key injected.
+func TestThreatHTTPRuleSpellings(t *testing.T) {
+	h := newHarness(t, func(rt *policy.Runtime) {
+		rt.Policy.HTTPRules = []policy.HTTPRule{
+			{Name: "telemetry", Hosts: []string{"api.example.com"}, Paths: []string{"/api/event_logging/*", "/api/claude_code/metrics"}, Action: policy.ActionDeny},
+		}
+	})
+	c := h.client(false)
+	api := http.Header{"X-Api-Key": {h.ph["anthropic"]}, "Accept": {"application/json"}}
+	for _, tc := range []struct{ path, rule string }{
+		{"/API/event_logging/batch", "http_rule:telemetry"},
+		{"/api/Event_Logging/batch", "http_rule:telemetry"},
+		{"/api/event_logging", "http_rule:telemetry"},
+		{"/api/claude_code/metrics/", "http_rule:telemetry"},
+		{"/api/claude_code/METRICS", "http_rule:telemetry"},
+		{"/api;x=1/event_logging/batch", "http-rule-path"},
+		{"/api/claude_code/metrics;", "http-rule-path"},
+		{"/api/event_logging%3b/batch", "http-rule-path"},
+	} {
+		code, _, body, err := h.do(c, "POST", h.tlsURL("api.example.com", tc.path), api, `{"events":[]}`)
+		if err != nil || code != 403 {
+			t.Errorf("POST %s: got %d %v %.80q, want 403 (%s)", tc.path, code, err, body, tc.rule)
+			continue
+		}
+		decoded := strings.ReplaceAll(tc.path, "%3b", ";")
+		r := h.want(t, func(r audit.Record) bool { return r.Path == decoded && r.Method == "POST" }, audit.Blocked, tc.rule)
+		if len(r.SecretsInjected) != 0 {
+			t.Errorf("key injected into a denied request: %+v", r)
+		}
+		if s := h.up.lastSeen(); s != nil && s.Path == decoded {
+			t.Errorf("denied request %s reached the upstream", tc.path)
+		}
+	}
+	// The model API itself still passes.
+	if code, _, body, err := h.do(c, "POST", h.tlsURL("api.example.com", "/v1/messages"), api, `{}`); err != nil || code != 200 {
+		t.Fatalf("model API: %d %v %q", code, err, body)
+	}
+}
+
+// Issue 11 item 9 through the real gateway: a CONNECT refusal and a plain
+// HTTP refusal carry the rule and the fix, as a line or as JSON.
+func TestThreatRefusalsReadable(t *testing.T) {
+	h := newHarness(t, nil)
+	conn, err := net.Dial("tcp", h.proxyAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "CONNECT evil.test:443 HTTP/1.1\r\nHost: evil.test:443\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(conn), &http.Request{Method: http.MethodConnect})
+	if err != nil {
+		t.Fatal(err)
+	}
+	line, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 403 || !strings.HasPrefix(string(line), "nixcage egress: blocked by rule default-deny: ") || !strings.Contains(string(line), "operator: add the host to the egress policy's allow list") {
+		t.Fatalf("CONNECT refusal %d %q", resp.StatusCode, line)
+	}
+	h.want(t, is("CONNECT", "evil.test", 443), audit.Blocked, "default-deny")
+	code, rh, body, err := h.do(h.client(false), "GET", h.httpURL("denied.example.com", "/x"), http.Header{"Accept": {"application/json"}}, "")
+	var d denial
+	if err != nil || code != 403 || json.Unmarshal([]byte(body), &d) != nil || d.Error.Rule != "deny:denied.example.com" || d.Type != "error" || !strings.Contains(d.Error.Message, "deny list") || rh.Get("Content-Type") != "application/json" {
+		t.Fatalf("plain HTTP refusal %d %q %v", code, body, err)
 	}
 }

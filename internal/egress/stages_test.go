@@ -5,6 +5,7 @@ package egress
 // (redact) and the refusal a program reads.
 
 import (
+	"bufio"
 	"bytes"
 	"compress/gzip"
 	"encoding/base64"
@@ -77,6 +78,32 @@ func TestStageDecide(t *testing.T) {
 				t.Fatalf("rule %q, want %q", got, c.want)
 			}
 		})
+	}
+}
+
+func TestStageDecideRules(t *testing.T) {
+	st, _ := stageState(t)
+	st.pol = &policy.Policy{WebSocket: false, HTTPRules: []policy.HTTPRule{{Name: "no-batch", Hosts: []string{"api.example.com"}, Paths: []string{"/batch"}, Action: policy.ActionDeny}}}
+	tg := stageTarget(st, "api.example.com")
+	for _, c := range []struct {
+		path string
+		ws   bool
+		want string
+	}{{"/batch", false, "http_rule:no-batch"}, {"/v1", false, ""}, {"/v1", true, "websocket"}} {
+		r := httptest.NewRequest("POST", "https://api.example.com"+c.path, nil)
+		if _, b := decideRules(st, tg, r, c.ws); rule(b) != c.want {
+			t.Errorf("%s ws=%v: rule %q, want %q", c.path, c.ws, rule(b), c.want)
+		}
+	}
+	st.pol.WebSocket = true
+	if _, b := decideRules(st, &target{st: st, host: "api.example.com", port: 80}, httptest.NewRequest("GET", "http://api.example.com/ws", nil), true); rule(b) != "websocket" {
+		t.Errorf("plain-HTTP WebSocket: rule %q", rule(b))
+	}
+	r := httptest.NewRequest("GET", "https://api.example.com/ws", nil)
+	r.Header.Set("Connection", "keep-alive, Upgrade")
+	r.Header.Set("Upgrade", "websocket")
+	if !isWebSocket(r) {
+		t.Error("handshake not recognized")
 	}
 }
 
@@ -209,6 +236,11 @@ func TestStageRespond(t *testing.T) {
 		t.Fatalf("trailer %q", rec.Result().Trailer.Get("X-T"))
 	}
 	rec = httptest.NewRecorder()
+	resp = &http.Response{StatusCode: 200, Header: http.Header{"Content-Encoding": {"gzip"}, "Content-Length": {"40"}}, Body: http.NoBody, Request: httptest.NewRequest("HEAD", "https://api.example.com/", nil)}
+	if _, _, err := g.respond(rec, resp, tg); err != nil || rec.Header().Get("Content-Encoding") != "" || rec.Header().Get("Content-Length") != "" {
+		t.Fatalf("HEAD of a gzip body: %v %v", err, rec.Header())
+	}
+	rec = httptest.NewRecorder()
 	resp = &http.Response{StatusCode: 200, Header: http.Header{"Content-Encoding": {"compress"}}, Body: io.NopCloser(strings.NewReader(realAnthropic))}
 	if _, _, err := g.respond(rec, resp, tg); rule(asBlocked(err)) != "content-encoding" || rec.Body.Len() != 0 {
 		t.Fatalf("undecodable coding: %v, wrote %q", err, rec.Body.String())
@@ -246,4 +278,53 @@ func TestStageRefusal(t *testing.T) {
 			t.Fatalf("body %q", body)
 		}
 	})
+}
+
+// The WebSocket relay alone: a real value split across two frames of one
+// message is caught before any of it is sent, and one from the upstream
+// split the same way reaches the agent as the placeholder.
+func TestStageWebSocketRelay(t *testing.T) {
+	st, ph := stageState(t)
+	s := &wsSession{st: st, t: stageTarget(st, "other.example.com")}
+	frames := func(mask bool, parts ...string) *bufio.Reader {
+		var b bytes.Buffer
+		for i, p := range parts {
+			op := byte(wsContinuation)
+			if i == 0 {
+				op = wsText
+			}
+			writeFrame(&b, i == len(parts)-1, op, []byte(p), mask)
+		}
+		return bufio.NewReader(&b)
+	}
+	msg := "leak " + realAnthropic + " end"
+	cut := 5 + 30
+	var sent bytes.Buffer
+	agent := &wsSide{name: "agent", src: frames(true, msg[:cut], msg[cut:]), dst: &sent, mask: true, wantMsk: true, max: 1 << 20, newMsg: s.inspectMessage, control: s.inspectControl}
+	blk, _ := agent.run()
+	if blk == nil || blk.b.rule != "inspector:real_values" || blk.code != wsPolicyViolation {
+		t.Fatalf("agent side: %+v", blk)
+	}
+	if bytes.Contains(sent.Bytes(), []byte(realAnthropic[13:30])) {
+		t.Fatal("part of the real value was sent upstream")
+	}
+	var got bytes.Buffer
+	upSide := &wsSide{name: "upstream", src: frames(false, msg[:cut], msg[cut:]), dst: &got, max: 1 << 20, newMsg: s.redactMessage, control: s.redactControl}
+	if blk, err := upSide.run(); blk != nil || err != io.EOF {
+		t.Fatalf("upstream side: %+v %v", blk, err)
+	}
+	var msgOut []byte
+	br := bufio.NewReader(&got)
+	for {
+		f, err := readFrameHeader(br)
+		if err != nil {
+			break
+		}
+		p := make([]byte, f.length)
+		io.ReadFull(br, p)
+		msgOut = append(msgOut, p...)
+	}
+	if string(msgOut) != "leak "+ph+" end" || !s.res.Redacted["anthropic"] {
+		t.Fatalf("agent got %q", msgOut)
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -164,92 +165,115 @@ type wsSide struct {
 // run relays frames from src to dst until either side ends or a message is
 // refused.
 func (s *wsSide) run() (*wsBlocked, error) {
-	var filter func([]byte, bool) ([]byte, *blockedErr)
-	var msgOp byte
-	var msgLen int64
-	started := false // a frame of the current message has been written
+	var m *wsMessage // the message in progress, nil between messages
 	buf := make([]byte, 32<<10)
 	for {
 		f, err := readFrameHeader(s.src)
 		if err != nil {
 			return nil, err
 		}
-		if f.rsv != 0 {
-			return &wsBlocked{block(http.StatusBadGateway, "websocket-protocol", "%s sent a frame with RSV bits (no extension was negotiated)", s.name), wsProtocolError}, nil
-		}
-		if f.masked != s.wantMsk {
-			return &wsBlocked{block(http.StatusBadGateway, "websocket-protocol", "%s sent a frame with the wrong masking", s.name), wsProtocolError}, nil
-		}
-		if f.length > s.max {
-			return &wsBlocked{block(http.StatusRequestEntityTooLarge, "max-body-bytes", "%s sent a WebSocket frame of %d bytes, over %d", s.name, f.length, s.max), wsTooBig}, nil
+		if blk := s.check(f); blk != nil {
+			return blk, nil
 		}
 		if f.opcode >= wsClose {
-			if f.length > 125 || !f.fin {
-				return &wsBlocked{block(http.StatusBadGateway, "websocket-protocol", "%s sent an invalid control frame", s.name), wsProtocolError}, nil
-			}
-			p := make([]byte, f.length)
-			if _, err := io.ReadFull(s.src, p); err != nil {
-				return nil, err
-			}
-			unmask(p, f.mask, 0, f.masked)
-			out, b := s.control(f.opcode, p)
-			if b != nil {
-				return &wsBlocked{b, wsPolicyViolation}, nil
-			}
-			if err := writeFrame(s.dst, true, f.opcode, out, s.mask); err != nil {
-				return nil, err
+			if blk, err := s.controlFrame(f); blk != nil || err != nil {
+				return blk, err
 			}
 			continue
 		}
 		switch {
 		case f.opcode == wsText || f.opcode == wsBinary:
-			if filter != nil {
-				return &wsBlocked{block(http.StatusBadGateway, "websocket-protocol", "%s started a message inside another", s.name), wsProtocolError}, nil
+			if m != nil {
+				return s.protocol("started a message inside another"), nil
 			}
-			filter, msgOp, msgLen, started = s.newMsg(), f.opcode, 0, false
+			m = &wsMessage{filter: s.newMsg(), op: f.opcode}
 			s.msgs++
-		case f.opcode == wsContinuation && filter != nil:
+		case f.opcode == wsContinuation && m != nil:
 		default:
-			return &wsBlocked{block(http.StatusBadGateway, "websocket-protocol", "%s sent opcode %d out of place", s.name, f.opcode), wsProtocolError}, nil
+			return s.protocol(fmt.Sprintf("sent opcode %d out of place", f.opcode)), nil
 		}
-		if msgLen += f.length; msgLen > s.max {
+		if m.length += f.length; m.length > s.max {
 			return &wsBlocked{block(http.StatusRequestEntityTooLarge, "max-body-bytes", "%s sent a WebSocket message over %d bytes", s.name, s.max), wsTooBig}, nil
 		}
-		// Stream the payload in pieces; each piece's released bytes go on
-		// as a frame of their own.
-		var off int64
-		for remaining := f.length; remaining > 0 || (f.length == 0 && off == 0); {
-			n := int(min(remaining, int64(len(buf))))
-			if _, err := io.ReadFull(s.src, buf[:n]); err != nil {
-				return nil, err
-			}
-			unmask(buf[:n], f.mask, off, f.masked)
-			s.bytes += int64(n)
-			off += int64(n)
-			remaining -= int64(n)
-			last := f.fin && remaining == 0
-			out, b := filter(buf[:n], last)
-			if b != nil {
-				return &wsBlocked{b, wsPolicyViolation}, nil
-			}
-			if len(out) > 0 || last {
-				op := byte(wsContinuation)
-				if !started {
-					op = msgOp
-				}
-				if err := writeFrame(s.dst, last, op, out, s.mask); err != nil {
-					return nil, err
-				}
-				started = true
-			}
-			if f.length == 0 {
-				break
-			}
+		if blk, err := s.payload(f, m, buf); blk != nil || err != nil {
+			return blk, err
 		}
 		if f.fin {
-			filter = nil
+			m = nil
 		}
 	}
+}
+
+// wsMessage is a data message being relayed.
+type wsMessage struct {
+	filter  func([]byte, bool) ([]byte, *blockedErr)
+	op      byte
+	length  int64
+	started bool // a frame of it has been written
+}
+
+func (s *wsSide) protocol(what string) *wsBlocked {
+	return &wsBlocked{block(http.StatusBadGateway, "websocket-protocol", "%s %s", s.name, what), wsProtocolError}
+}
+
+// check refuses frames the relay cannot pass on as they are.
+func (s *wsSide) check(f wsFrame) *wsBlocked {
+	switch {
+	case f.rsv != 0:
+		return s.protocol("sent a frame with RSV bits (no extension was negotiated)")
+	case f.masked != s.wantMsk:
+		return s.protocol("sent a frame with the wrong masking")
+	case f.length > s.max:
+		return &wsBlocked{block(http.StatusRequestEntityTooLarge, "max-body-bytes", "%s sent a WebSocket frame of %d bytes, over %d", s.name, f.length, s.max), wsTooBig}
+	case f.opcode >= wsClose && (f.length > 125 || !f.fin):
+		return s.protocol("sent an invalid control frame")
+	}
+	return nil
+}
+
+// controlFrame relays a control frame (at most 125 bytes), filtered whole.
+func (s *wsSide) controlFrame(f wsFrame) (*wsBlocked, error) {
+	p := make([]byte, f.length)
+	if _, err := io.ReadFull(s.src, p); err != nil {
+		return nil, err
+	}
+	unmask(p, f.mask, 0, f.masked)
+	out, b := s.control(f.opcode, p)
+	if b != nil {
+		return &wsBlocked{b, wsPolicyViolation}, nil
+	}
+	return nil, writeFrame(s.dst, true, f.opcode, out, s.mask)
+}
+
+// payload streams a data frame's payload through the message's filter in
+// pieces; each piece's released bytes go on as a frame of their own.
+func (s *wsSide) payload(f wsFrame, m *wsMessage, buf []byte) (*wsBlocked, error) {
+	var off int64
+	for first := true; first || off < f.length; first = false {
+		n := int(min(f.length-off, int64(len(buf))))
+		if _, err := io.ReadFull(s.src, buf[:n]); err != nil {
+			return nil, err
+		}
+		unmask(buf[:n], f.mask, off, f.masked)
+		s.bytes += int64(n)
+		off += int64(n)
+		last := f.fin && off == f.length
+		out, b := m.filter(buf[:n], last)
+		if b != nil {
+			return &wsBlocked{b, wsPolicyViolation}, nil
+		}
+		if len(out) > 0 || last {
+			op := byte(wsContinuation)
+			if !m.started {
+				op = m.op
+			}
+			if err := writeFrame(s.dst, last, op, out, s.mask); err != nil {
+				return nil, err
+			}
+			m.started = true
+		}
+	}
+	return nil, nil
 }
 
 func unmask(p []byte, key [4]byte, off int64, masked bool) {
@@ -262,48 +286,14 @@ func unmask(p []byte, key [4]byte, off int64, masked bool) {
 }
 
 // websocket relays one WebSocket session whose handshake passed decide and
-// inspect. It writes the session's audit record.
+// inspect: forward the handshake (wsHandshake), take over the agent's
+// connection, relay both directions (wsSession), audit the session.
 func (g *Gateway) websocket(w http.ResponseWriter, r *http.Request, t *target, rec audit.Record, start time.Time, flags []string, scheme string) {
-	st := t.st
-	if r.ProtoMajor != 1 {
-		g.refuse(w, r, rec, block(http.StatusBadRequest, "websocket", "WebSocket is supported over HTTP/1.1 only"), start)
-		return
-	}
-	// The hop-by-hop headers were removed; the handshake needs these two,
-	// and no extension (a compressed message cannot be inspected).
-	r.Header.Set("Connection", "Upgrade")
-	r.Header.Set("Upgrade", "websocket")
-	r.Header.Del("Sec-WebSocket-Extensions")
-	rec.SecretsInjected = inject(st.secrets, r.Header, t)
-	out := outbound(r, t, scheme, &bodyStream{empty: true})
-	out.Header.Del("Accept-Encoding")
-	resp, err := g.h1.RoundTrip(out)
-	if err != nil {
-		g.upstreamError(w, r, rec, err, start)
-		return
-	}
-	if resp.StatusCode != http.StatusSwitchingProtocols {
-		// A refusal by the upstream: an ordinary response, redacted.
-		defer resp.Body.Close()
-		n, res, err := g.respond(w, resp, t)
-		rec.SecretsRedacted, rec.BytesIn = sortedKeys(res.Redacted), n
-		g.auditDone(rec, start, fmt.Sprintf("websocket handshake answered %d", resp.StatusCode), flags, err)
-		return
-	}
-	up, ok := resp.Body.(io.ReadWriteCloser)
+	up, hdr, ok := g.wsHandshake(w, r, t, &rec, start, flags, scheme)
 	if !ok {
-		resp.Body.Close()
-		g.upstreamError(w, r, rec, errors.New("101 without a connection"), start)
 		return
 	}
 	defer up.Close()
-	if resp.Header.Get("Sec-WebSocket-Extensions") != "" {
-		g.refuse(w, r, rec, block(http.StatusBadGateway, "websocket-extension", "upstream negotiated WebSocket extension %q that was not offered; messages could not be inspected", resp.Header.Get("Sec-WebSocket-Extensions")), start)
-		return
-	}
-	var res redact.Result
-	hdr := http.Header{}
-	redactHeader(st.redact, resp.Header, hdr, "", &res)
 	conn, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
 		g.refuse(w, r, rec, block(http.StatusInternalServerError, "hijack", "cannot take over connection: %v", err), start)
@@ -317,112 +307,174 @@ func (g *Gateway) websocket(w http.ResponseWriter, r *http.Request, t *target, r
 	if err := brw.Flush(); err != nil {
 		return
 	}
-	upR := bufio.NewReader(up)
+	s := &wsSession{st: t.st, t: t}
+	fromAgent, fromUp, blk := s.relay(conn, brw.Reader, up)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, name := range sortedKeys(s.res.Near) {
+		s.flags = append(s.flags, "real_values: near-match of secret "+name+" in a websocket message")
+	}
+	rec.SecretsRedacted = sortedKeys(s.res.Redacted)
+	rec.BytesOut, rec.BytesIn = fromAgent.bytes, fromUp.bytes
+	rec.DurationMS = time.Since(start).Milliseconds()
+	summary := fmt.Sprintf("websocket: %d messages from the agent, %d from the upstream", fromAgent.msgs, fromUp.msgs)
+	if blk != nil {
+		rec.Decision, rec.Rule, rec.Reason = audit.Blocked, blk.b.rule, blk.b.reason+"; "+summary
+		g.logAudit(rec)
+		return
+	}
+	g.auditDone(rec, start, summary, append(flags, s.flags...), nil)
+}
+
+// wsHandshake forwards the handshake with credentials injected and no
+// extension offered. On a 101 it returns the upstream connection and the
+// redacted response headers; otherwise it has answered and audited.
+func (g *Gateway) wsHandshake(w http.ResponseWriter, r *http.Request, t *target, rec *audit.Record, start time.Time, flags []string, scheme string) (io.ReadWriteCloser, http.Header, bool) {
+	st := t.st
+	if r.ProtoMajor != 1 {
+		g.refuse(w, r, *rec, block(http.StatusBadRequest, "websocket", "WebSocket is supported over HTTP/1.1 only"), start)
+		return nil, nil, false
+	}
+	// The hop-by-hop headers were removed; the handshake needs these two,
+	// and no extension (a compressed message cannot be inspected).
+	r.Header.Set("Connection", "Upgrade")
+	r.Header.Set("Upgrade", "websocket")
+	r.Header.Del("Sec-WebSocket-Extensions")
+	rec.SecretsInjected = inject(st.secrets, r.Header, t)
+	out := outbound(r, t, scheme, &bodyStream{empty: true})
+	out.Header.Del("Accept-Encoding")
+	resp, err := g.h1.RoundTrip(out)
+	if err != nil {
+		g.upstreamError(w, r, *rec, err, start)
+		return nil, nil, false
+	}
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		// A refusal by the upstream: an ordinary response, redacted.
+		defer resp.Body.Close()
+		n, res, err := g.respond(w, resp, t)
+		rec.SecretsRedacted, rec.BytesIn = sortedKeys(res.Redacted), n
+		g.auditDone(*rec, start, fmt.Sprintf("websocket handshake answered %d", resp.StatusCode), flags, err)
+		return nil, nil, false
+	}
+	up, ok := resp.Body.(io.ReadWriteCloser)
+	if !ok {
+		resp.Body.Close()
+		g.upstreamError(w, r, *rec, errors.New("101 without a connection"), start)
+		return nil, nil, false
+	}
+	if ext := resp.Header.Get("Sec-WebSocket-Extensions"); ext != "" {
+		up.Close()
+		g.refuse(w, r, *rec, block(http.StatusBadGateway, "websocket-extension", "upstream negotiated WebSocket extension %q that was not offered; messages could not be inspected", ext), start)
+		return nil, nil, false
+	}
+	var res redact.Result
+	hdr := http.Header{}
+	redactHeader(st.redact, resp.Header, hdr, "", &res)
+	return up, hdr, true
+}
+
+// wsSession is what both relay directions share: redactions and flags.
+type wsSession struct {
+	st    *state
+	t     *target
+	mu    sync.Mutex
+	res   redact.Result
+	flags []string
+}
+
+// inspectMessage starts the inspection of one message from the agent.
+func (s *wsSession) inspectMessage() func([]byte, bool) ([]byte, *blockedErr) {
+	ins := s.st.insp.NewStream("websocket message")
+	return func(p []byte, end bool) ([]byte, *blockedErr) {
+		out := ins.Write(p)
+		if end {
+			out = append(append([]byte(nil), out...), ins.Close()...)
+		}
+		if b := checkPlaceholders(s.st.secrets, ins.Placeholders(), "a websocket message", s.t); b != nil {
+			return nil, b
+		}
+		fl, b := verdict(ins.Findings())
+		if b != nil {
+			return nil, b
+		}
+		if end && len(fl) > 0 {
+			s.mu.Lock()
+			s.flags = append(s.flags, fl...)
+			s.mu.Unlock()
+		}
+		return out, nil
+	}
+}
+
+// inspectControl inspects a control frame from the agent, whole.
+func (s *wsSession) inspectControl(_ byte, p []byte) ([]byte, *blockedErr) {
+	fs, phs := s.st.insp.Inspect([]inspect.Part{{Where: "websocket control frame", Data: p}})
+	if b := checkPlaceholders(s.st.secrets, phs, "a websocket control frame", s.t); b != nil {
+		return nil, b
+	}
+	_, b := verdict(fs)
+	return p, b
+}
+
+// redactMessage starts the redaction of one message from the upstream.
+func (s *wsSession) redactMessage() func([]byte, bool) ([]byte, *blockedErr) {
+	rs := s.st.redact.NewStream()
+	return func(p []byte, end bool) ([]byte, *blockedErr) {
+		out := rs.Write(p)
+		if end {
+			out = append(append([]byte(nil), out...), rs.Close()...)
+			s.mu.Lock()
+			s.res.Merge(rs.Result())
+			s.mu.Unlock()
+		}
+		return out, nil
+	}
+}
+
+// redactControl redacts a control frame from the upstream, whole.
+func (s *wsSession) redactControl(_ byte, p []byte) ([]byte, *blockedErr) {
+	var r redact.Result
+	out := []byte(s.st.redact.String(string(p), &r))
+	s.mu.Lock()
+	s.res.Merge(r)
+	s.mu.Unlock()
+	return out, nil
+}
+
+// relay runs both directions until one ends. When one refuses a message,
+// both peers get a close frame (the agent's names the rule) and the
+// agent's remaining bytes are read (bounded) so the close is not lost to a
+// connection reset.
+func (s *wsSession) relay(conn net.Conn, agent *bufio.Reader, up io.ReadWriteCloser) (*wsSide, *wsSide, *wsBlocked) {
 	// Both directions and the closing code write frames: one writer each.
 	connW, upW := &lockedWriter{w: conn}, &lockedWriter{w: up}
-	var mu sync.Mutex // guards res and findings from both directions
-	var near, msgFlags []string
-	fromAgent := &wsSide{
-		name: "agent", src: brw.Reader, dst: upW, mask: true, wantMsk: true, max: st.maxBody,
-		newMsg: func() func([]byte, bool) ([]byte, *blockedErr) {
-			ins := st.insp.NewStream("websocket message")
-			return func(p []byte, end bool) ([]byte, *blockedErr) {
-				out := ins.Write(p)
-				if end {
-					out = append(append([]byte(nil), out...), ins.Close()...)
-				}
-				if b := checkPlaceholders(st.secrets, ins.Placeholders(), "a websocket message", t); b != nil {
-					return nil, b
-				}
-				fl, b := verdict(ins.Findings())
-				if b != nil {
-					return nil, b
-				}
-				if end && len(fl) > 0 {
-					mu.Lock()
-					msgFlags = append(msgFlags, fl...)
-					mu.Unlock()
-				}
-				return out, nil
-			}
-		},
-		control: func(_ byte, p []byte) ([]byte, *blockedErr) {
-			fs, phs := st.insp.Inspect([]inspect.Part{{Where: "websocket control frame", Data: p}})
-			if b := checkPlaceholders(st.secrets, phs, "a websocket control frame", t); b != nil {
-				return nil, b
-			}
-			_, b := verdict(fs)
-			return p, b
-		},
-	}
-	fromUp := &wsSide{
-		name: "upstream", src: upR, dst: connW, max: st.maxBody,
-		newMsg: func() func([]byte, bool) ([]byte, *blockedErr) {
-			rs := st.redact.NewStream()
-			return func(p []byte, end bool) ([]byte, *blockedErr) {
-				out := rs.Write(p)
-				if end {
-					out = append(append([]byte(nil), out...), rs.Close()...)
-					mu.Lock()
-					res.Merge(rs.Result())
-					mu.Unlock()
-				}
-				return out, nil
-			}
-		},
-		control: func(_ byte, p []byte) ([]byte, *blockedErr) {
-			var r2 redact.Result
-			out := []byte(st.redact.String(string(p), &r2))
-			mu.Lock()
-			res.Merge(r2)
-			mu.Unlock()
-			return out, nil
-		},
-	}
+	fromAgent := &wsSide{name: "agent", src: agent, dst: upW, mask: true, wantMsk: true, max: s.st.maxBody, newMsg: s.inspectMessage, control: s.inspectControl}
+	fromUp := &wsSide{name: "upstream", src: bufio.NewReader(up), dst: connW, max: s.st.maxBody, newMsg: s.redactMessage, control: s.redactControl}
 	type outcome struct {
 		side *wsSide
 		blk  *wsBlocked
 	}
 	done := make(chan outcome, 2)
-	for _, s := range []*wsSide{fromAgent, fromUp} {
+	for _, side := range []*wsSide{fromAgent, fromUp} {
 		go func() {
-			blk, _ := s.run()
-			done <- outcome{s, blk}
+			blk, _ := side.run()
+			done <- outcome{side, blk}
 		}()
 	}
 	first := <-done
 	if first.blk != nil {
-		// Tell the agent why in a close frame it can read, then end both.
-		reason := "nixcage egress: blocked by rule " + first.blk.b.rule
-		_ = writeFrame(connW, true, wsClose, closePayload(first.blk.code, reason), false)
+		_ = writeFrame(connW, true, wsClose, closePayload(first.blk.code, "nixcage egress: blocked by rule "+first.blk.b.rule), false)
 		_ = writeFrame(upW, true, wsClose, closePayload(first.blk.code, "policy"), true)
 		up.Close()
 		if first.side == fromAgent {
-			// Read what the agent still sends until it closes in answer
-			// (bounded): closing with unread bytes would reset the
-			// connection and lose the close frame that says why.
 			_ = conn.SetReadDeadline(time.Now().Add(2 * time.Second))
-			_, _ = io.CopyN(io.Discard, brw.Reader, st.maxBody+(1<<20))
+			_, _ = io.CopyN(io.Discard, agent, s.st.maxBody+(1<<20))
 		}
 	}
 	conn.Close()
 	up.Close()
 	<-done
-	mu.Lock()
-	defer mu.Unlock()
-	for _, name := range sortedKeys(res.Near) {
-		near = append(near, "real_values: near-match of secret "+name+" in a websocket message")
-	}
-	rec.SecretsRedacted = sortedKeys(res.Redacted)
-	rec.BytesOut, rec.BytesIn = fromAgent.bytes, fromUp.bytes
-	rec.DurationMS = time.Since(start).Milliseconds()
-	summary := fmt.Sprintf("websocket: %d messages from the agent, %d from the upstream", fromAgent.msgs, fromUp.msgs)
-	if first.blk != nil {
-		rec.Decision, rec.Rule, rec.Reason = audit.Blocked, first.blk.b.rule, first.blk.b.reason+"; "+summary
-		g.logAudit(rec)
-		return
-	}
-	g.auditDone(rec, start, summary, append(append(flags, msgFlags...), near...), nil)
+	return fromAgent, fromUp, first.blk
 }
 
 // lockedWriter serializes whole frames from several goroutines.

@@ -17,8 +17,13 @@ const (
 	EvidenceRoot     = "/var/lib/nixcage/evidence"
 	QuarantineRoot   = "/var/lib/nixcage/quarantine"
 	// CageRootfs is the skeleton root (mount points and the merged-/usr
-	// symlinks, nothing else) that service and podman cages start from.
+	// symlinks, nothing else) that service cages start from. systemd adds
+	// a mount point for each service cage's workspace to it.
 	CageRootfs = "/var/lib/nixcage/rootfs"
+	// PodmanRootfs is the same skeleton for podman cages, kept apart so
+	// that the mount points systemd leaves in CageRootfs (named after the
+	// service agents) are not visible in them.
+	PodmanRootfs = "/var/lib/nixcage/rootfs-podman"
 	// PodmanConf is relative to the prefix: containers.conf for podman cages.
 	PodmanConf = "nixcage/containers.conf"
 	// TmpfilesConf is relative to the prefix.
@@ -31,6 +36,9 @@ const (
 	CageStoreMount = "/nix/store"
 	CageTools      = "/nix/tools"
 	CageWorkspace  = "/workspace"
+	// CageSeal is where nspawn and podman cages see cage-seal, the program
+	// that seals the cage from inside before it execs the agent.
+	CageSeal = "/etc/nixcage/cage-seal"
 
 	// Socket-activation names (FileDescriptorName=) of the gateway's
 	// listeners: the HTTP proxy, and the DNS pair (UDP and TCP).

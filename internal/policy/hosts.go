@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"net"
 	"strings"
 )
 
@@ -21,6 +22,9 @@ import (
 // CheckPattern reports why p is not a valid host pattern.
 func CheckPattern(p string) error {
 	name := strings.TrimPrefix(p, "*.")
+	if isIPLiteral(name) {
+		return fmt.Errorf("host pattern %q is an IP address; the gateway matches the names a cage asks for (CONNECT authority, Host, SNI, DNS), never addresses, so it would never match: allow the host's name instead (and set unsafe_allow_private_upstreams if that name resolves to a private address)", p)
+	}
 	if name != strings.ToLower(name) {
 		return fmt.Errorf("host pattern %q: use lower case", p)
 	}
@@ -28,6 +32,17 @@ func CheckPattern(p string) error {
 		return fmt.Errorf("host pattern %q: %v; write an exact name like \"api.example.com\" or a wildcard like \"*.example.com\"", p, err)
 	}
 	return nil
+}
+
+// isIPLiteral: an IPv4 or IPv6 address, bracketed or not, or a name whose
+// last label is all digits (which no top-level domain is).
+func isIPLiteral(s string) bool {
+	s = strings.TrimSuffix(strings.TrimPrefix(s, "["), "]")
+	if net.ParseIP(s) != nil {
+		return true
+	}
+	last := s[strings.LastIndex(s, ".")+1:]
+	return last != "" && strings.Trim(last, "0123456789") == ""
 }
 
 // CheckHostname reports why h is not a DNS hostname (letters, digits, hyphens,

@@ -51,7 +51,10 @@ func CheckPathPattern(p string) error {
 // canonical reports whether p is a clean absolute path: what a rule can
 // match without guessing how the upstream would normalize it.
 func canonical(p string) bool {
-	if strings.ContainsAny(p, "%\\") {
+	// ';' starts path parameters that servlet containers (Tomcat, Jetty,
+	// Spring) strip before routing: "/api;x/event_logging" reaches the
+	// handler of "/api/event_logging".
+	if strings.ContainsAny(p, "%\\;") {
 		return false
 	}
 	c := path.Clean(p)
@@ -59,12 +62,12 @@ func canonical(p string) bool {
 }
 
 // rawOK reports whether a path as sent is one the rules can judge by its
-// decoded form: escapes of '.', '\\' and '%' (which upstreams disagree on)
+// decoded form: escapes of '.', '\\', '%' and ';' (which upstreams disagree on)
 // are refused; an escaped '/' (npm's "@scope%2fname") is judged decoded,
 // as the more separating reading.
 func rawOK(raw string) bool {
 	l := strings.ToLower(raw)
-	return !strings.Contains(raw, "\\") && !strings.Contains(l, "%2e") && !strings.Contains(l, "%5c") && !strings.Contains(l, "%25")
+	return !strings.Contains(raw, "\\") && !strings.Contains(l, "%2e") && !strings.Contains(l, "%5c") && !strings.Contains(l, "%25") && !strings.Contains(l, "%3b")
 }
 
 func matchPath(pattern, p string) bool {
@@ -74,6 +77,19 @@ func matchPath(pattern, p string) bool {
 	return pattern == p
 }
 
+// matchDenyPath is matchPath read as widely as common upstreams route:
+// case-insensitively (Express, ASP.NET, IIS), a trailing slash ignored
+// (Express, Rails) and "/prefix/*" also covering "/prefix" itself. A deny
+// rule must refuse every spelling some server maps to the path it names;
+// allow rules keep the exact reading (the narrower one).
+func matchDenyPath(pattern, p string) bool {
+	pattern, p = strings.ToLower(pattern), strings.ToLower(p)
+	if prefix, ok := strings.CutSuffix(pattern, "*"); ok {
+		return strings.HasPrefix(p, prefix) || p+"/" == prefix
+	}
+	return pattern == p || pattern+"/" == p || (pattern != "/" && strings.TrimSuffix(pattern, "/") == p)
+}
+
 func (r *HTTPRule) matches(method, p string, websocket bool) bool {
 	if len(r.Methods) > 0 && !slices.Contains(r.Methods, method) && !(websocket && slices.Contains(r.Methods, MethodWebSocket)) {
 		return false
@@ -81,8 +97,12 @@ func (r *HTTPRule) matches(method, p string, websocket bool) bool {
 	if len(r.Paths) == 0 {
 		return true
 	}
+	match := matchPath
+	if r.Action == ActionDeny {
+		match = matchDenyPath
+	}
 	for _, pat := range r.Paths {
-		if matchPath(pat, p) {
+		if match(pat, p) {
 			return true
 		}
 	}

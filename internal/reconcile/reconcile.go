@@ -190,7 +190,7 @@ func (r *Reconciler) planRender(cfg *config.Config) (*renderPlan, error) {
 	// Files of undeclared agents are found by name too, so a tree
 	// installed without a manifest (or with a lost one) is still pruned.
 	seen := map[string]bool{}
-	for _, f := range append(append([]string(nil), p.old...), scanAgentFiles(dir)...) {
+	for _, f := range append(append([]string(nil), p.old...), render.AgentFiles(dir)...) {
 		if !want[f] && !seen[f] && installablePath(f) {
 			seen[f] = true
 			p.Remove = append(p.Remove, f)
@@ -202,7 +202,7 @@ func (r *Reconciler) planRender(cfg *config.Config) (*renderPlan, error) {
 		current[a.Name] = true
 	}
 	installed := map[string]bool{}
-	for _, f := range scanAgentFiles(dir) {
+	for _, f := range render.AgentFiles(dir) {
 		if a, ok := agentOf(f); ok {
 			installed[a] = true
 		}
@@ -242,30 +242,6 @@ func (r *Reconciler) planRender(cfg *config.Config) (*renderPlan, error) {
 		}
 	}
 	return p, nil
-}
-
-// scanAgentFiles lists the per-agent files the renderer writes that exist
-// under dir (agent units, credential drop-ins, autostart links, gateway
-// documents), whatever the manifest says.
-func scanAgentFiles(dir string) []string {
-	var out []string
-	for _, pat := range []string{
-		"systemd/system/" + paths.Instance(paths.AgentTemplate, "*"),
-		"systemd/system/" + paths.Instance(paths.PrepTemplate, "*") + ".d/50-credentials.conf",
-		"systemd/system/" + paths.Instance(paths.EgressTemplate, "*") + ".d/50-credentials.conf",
-		"systemd/system/" + paths.TargetUnit + ".wants/" + paths.Instance(paths.AgentTemplate, "*"),
-		"nixcage/agents/*/egress.json",
-	} {
-		m, _ := filepath.Glob(filepath.Join(dir, pat))
-		for _, f := range m {
-			rel, err := filepath.Rel(dir, f)
-			if err == nil {
-				out = append(out, rel)
-			}
-		}
-	}
-	sort.Strings(out)
-	return out
 }
 
 // applyRender installs the rendered tree and restarts what changed.

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/coreos/go-systemd/v22/unit"
+
 	"github.com/nixcage/nixcage/internal/config"
 	"github.com/nixcage/nixcage/internal/paths"
 	"github.com/nixcage/nixcage/internal/policy"
@@ -116,6 +118,10 @@ func (r *renderer) agent(a *config.Agent) error {
 	if r.run == nil {
 		unitSec.add("PartOf", paths.TargetUnit)
 	}
+	if a.Backend != config.BackendService && r.run == nil {
+		m := r.workspaceMount(a)
+		unitSec.add("Requires", m, "After", m)
+	}
 	unitSec.add(
 		"ConditionPathExists", "!"+paths.QuarantineMark(a.Name),
 		"StartLimitIntervalSec", "60",
@@ -123,6 +129,30 @@ func (r *renderer) agent(a *config.Agent) error {
 	)
 	r.unit(paths.Instance(paths.AgentTemplate, a.Name), unitSec, svc)
 	return nil
+}
+
+// workspaceMount renders a mount unit that binds an nspawn or podman cage's
+// workspace onto itself nosuid,nodev, and returns its name. nspawn's --bind
+// takes no mount options, and the host side of a workspace is what the
+// host's users would run a setuid file from: with the bind, neither the host
+// nor the cage (a bind of it inherits the flags, which a user namespace
+// cannot clear) honours a setuid bit or a device node there, whatever made
+// it (issue 21). Service workspaces belong to a dynamic user under the
+// root-only /var/lib/private and are left to systemd.
+func (r *renderer) workspaceMount(a *config.Agent) string {
+	name := unit.UnitNamePathEscape(a.Workspace) + ".mount"
+	r.unit(name,
+		sec("Unit",
+			"Description", fmt.Sprintf("nixcage workspace of %s (nosuid, nodev)", a.Name),
+		),
+		sec("Mount",
+			"What", a.Workspace,
+			"Where", a.Workspace,
+			"Type", "none",
+			"Options", "bind,nosuid,nodev",
+		),
+	)
+	return name
 }
 
 // cageEnv is the environment every cage gets, whatever the backend.
@@ -180,13 +210,18 @@ func stateDir(ws string) string { return strings.TrimPrefix(ws, "/var/lib/") }
 // podman, its subcommand); rest are the others. Evaluated at each start, so
 // a restart after an apply picks up the tools.
 func (r *renderer) withStoreBinds(a *config.Agent, backend string, prefix, rest []string) string {
+	return quoteCmd(r.storeBindsArgv(a, backend, prefix, rest))
+}
+
+// storeBindsArgv is withStoreBinds' command before quoting for systemd.
+func (r *renderer) storeBindsArgv(a *config.Agent, backend string, prefix, rest []string) []string {
 	var script strings.Builder
 	fmt.Fprintf(&script, "b=$('%s' store binds --store '%s' --for %s) || exit 1; exec", r.bin("cagectl"), r.storeRoot(), backend)
 	for _, w := range prefix {
 		script.WriteString(" '" + w + "'")
 	}
 	script.WriteString(` $b "$@"`)
-	return quoteCmd(append([]string{"/bin/sh", "-c", script.String(), "nixcage-" + a.Name}, rest...))
+	return append([]string{"/bin/sh", "-c", script.String(), "nixcage-" + a.Name}, rest...)
 }
 
 // serviceBackend runs the agent as the unit itself: a dynamic user whose
@@ -227,6 +262,7 @@ func (r *renderer) serviceBackend(a *config.Agent) section {
 	} else {
 		s.add(r.run.serviceBinds()...)
 	}
+	s.add(serviceView(a)...)
 	s.add(baseHardening()...)
 	s.add(
 		"PrivateUsers", "yes",
@@ -252,22 +288,38 @@ func (r *renderer) serviceBackend(a *config.Agent) section {
 
 // nspawnBackend runs the agent in systemd-nspawn with a private user range,
 // a volatile tmpfs root holding only the host's /usr, and its own PID, IPC,
-// UTS and mount namespaces. nspawn itself needs root to set that up.
+// UTS, cgroup and mount namespaces. nspawn itself needs root to set that up.
 func (r *renderer) nspawnBackend(a *config.Agent) section {
+	users := "--private-users=" + strconv.Itoa(r.userNSBase(a.Name)) + ":65536"
+	if r.run != nil {
+		// A throw-away cage has no workspace of its own to own, and its
+		// name is not in the config the ranges are allocated from: nspawn
+		// picks a free range (below the fixed ones) and locks it.
+		users = "--private-users=pick"
+	}
 	argv := []string{
 		"--quiet", "--register=no", "--keep-unit",
 		"--directory=/", "--volatile=yes",
-		// ownership=off: the volatile root is a fresh tmpfs and /usr is
-		// read-only; "auto" tries ID-mapped mounts that fail on overlayfs.
-		"--private-users=pick", "--private-users-ownership=off",
+		// A fixed range, the same at every start, so the workspace can be
+		// owned by the cage's root on the host. No idmap on the
+		// workspace bind: with it, nspawn 252 maps the cage's root to the
+		// host's root, and a setuid file the cage made there was the host's
+		// root for any local user (issue 21). ownership=off: the volatile
+		// root is a fresh tmpfs and /usr is read-only.
+		users, "--private-users-ownership=off",
 		"--resolv-conf=off", "--timezone=off", "--link-journal=no",
 		"--drop-capability=all", "--no-new-privileges=yes",
+		// nspawn's own filter allows io_uring, whose opcodes bypass the
+		// unit's RestrictAddressFamilies=; a unit-level SystemCallFilter=
+		// makes nspawn itself fail (exit 255). cage-seal refuses it too.
+		"--system-call-filter=~" + ioURing,
 		"--as-pid2", "--console=" + r.run.console(),
 		"--machine=nixcage-" + a.Name,
 		"--chdir=" + paths.CageWorkspace,
+		"--bind-ro=" + r.bin("cage-seal") + ":" + paths.CageSeal,
 	}
 	if r.run == nil {
-		argv = append(argv, "--bind="+a.Workspace+":"+paths.CageWorkspace+":idmap")
+		argv = append(argv, "--bind="+a.Workspace+":"+paths.CageWorkspace)
 	} else {
 		argv = append(argv, r.run.nspawnArgs()...)
 	}
@@ -279,7 +331,7 @@ func (r *renderer) nspawnBackend(a *config.Agent) section {
 	for _, kv := range cageEnv(a) {
 		argv = append(argv, "--setenv="+kv[0]+"="+kv[1])
 	}
-	argv = append(append(argv, "--"), a.Command...)
+	argv = append(append(argv, "--", paths.CageSeal, "--"), a.Command...)
 	cmd := r.withStoreBinds(a, config.BackendNspawn, []string{r.o.Nspawn}, argv)
 	// Placeholders come from the EnvironmentFile; ${VAR} is expanded by
 	// systemd, so they reach the container without being rendered here.
@@ -302,9 +354,6 @@ func (r *renderer) nspawnBackend(a *config.Agent) section {
 		"NetworkNamespacePath", paths.NetnsPath(a.Name),
 		"EnvironmentFile", filepath.Join(paths.Runtime(a.Name), "agent.env"),
 	)
-	if r.run == nil {
-		s.add("StateDirectory", stateDir(a.Workspace), "StateDirectoryMode", "0700")
-	}
 	s.add(
 		"Delegate", "yes",
 		"KillMode", "mixed",
@@ -327,18 +376,36 @@ func (r *renderer) nspawnBackend(a *config.Agent) section {
 		"IPAddressAllow", "localhost",
 		"IPAddressDeny", "any",
 	)
+	s.add(containerWalls()...)
 	return s
 }
 
-// podmanUIDBase gives each podman cage its own 65536-id range above the
-// ranges nspawn picks from (which end below 0x70000000): derived from the
-// name so it is stable, bumped past collisions in name order so it is
-// unique within one config.
-func (r *renderer) podmanUIDBase(agent string) int {
+// containerWalls are the unit-level filters of the nspawn and podman units.
+// They are seccomp filters on the container manager, inherited by
+// everything it starts, the cage included; both managers were checked to
+// work under them (checks/system TestCageWalls).
+func containerWalls() []string {
+	return []string{
+		// The cage can never make a setuid or setgid file, whatever the
+		// workspace's owner or mount options (issue 21).
+		"RestrictSUIDSGID", "yes",
+		// No AF_VSOCK (not network-namespaced: the hypervisor of a VM
+		// host), AF_PACKET, AF_BLUETOOTH...; netlink is what nspawn and
+		// podman need to set the cage up.
+		"RestrictAddressFamilies", strings.Join(sealFamilies, " "),
+	}
+}
+
+// userNSBase gives each nspawn and podman cage its own 65536-id range above
+// the ranges nspawn --private-users=pick picks from (which end below
+// 0x70000000): derived from the name so it is stable (the workspace stays
+// owned by the cage's root across restarts), bumped past collisions in name
+// order so it is unique within one config.
+func (r *renderer) userNSBase(agent string) int {
 	const first, slots = 0x70000000, 4096
 	used := map[int]string{}
 	for _, a := range r.cfg.Agents { // sorted by name
-		if a.Backend != config.BackendPodman {
+		if a.Backend == config.BackendService {
 			continue
 		}
 		slot := int(fnv32(a.Name) % slots)
@@ -363,10 +430,11 @@ func fnv32(s string) uint32 {
 }
 
 // podmanBackend runs the agent with podman (runc, as the host's hybrid
-// cgroups require) in a user namespace of its own.
+// cgroups require) in a user namespace of its own, inside the agent unit's
+// cgroup.
 func (r *renderer) podmanBackend(a *config.Agent) section {
 	name := "nixcage-" + a.Name
-	base := strconv.Itoa(r.podmanUIDBase(a.Name))
+	base := strconv.Itoa(r.userNSBase(a.Name))
 	argv := []string{
 		"--rm", "--replace", "--name", name,
 		"--network=ns:" + paths.NetnsPath(a.Name),
@@ -375,16 +443,24 @@ func (r *renderer) podmanBackend(a *config.Agent) section {
 		// for a --rootfs container (no layers to size it).
 		"--uidmap=0:" + base + ":65536", "--gidmap=0:" + base + ":65536",
 		"--cap-drop=all", "--security-opt=no-new-privileges",
+		// runc cannot mount a sysfs or cgroupfs of the cage's own here (the
+		// network namespace is not the user namespace's): it binds the
+		// host's, with every cgroup and the host's network devices. Hide
+		// them (read-only empty directories).
+		"--security-opt=mask=" + strings.Join(podmanMasked, ":"),
 		"--read-only",
-		"--pids-limit=" + strconv.Itoa(a.Resources.Tasks),
-		"--ulimit=nofile=65536:65536", "--ulimit=nproc=" + strconv.Itoa(a.Resources.Tasks) + ":" + strconv.Itoa(a.Resources.Tasks),
+		// The container stays in the unit's cgroup, so the unit's
+		// MemoryMax=, TasksMax=, IP filters, kill and freeze reach it;
+		// limits are the unit's, not podman's (which would write pids.max
+		// and memory.max the unit may not delegate). Rlimits likewise.
+		"--cgroups=split", "--pids-limit=0", "--ulimit=host",
 		"--env-file=" + filepath.Join(paths.Runtime(a.Name), "agent.env"),
 		"--workdir=" + paths.CageWorkspace,
-		"--volume=" + a.Workspace + ":" + paths.CageWorkspace + ":rw,U",
+		// No ":U": the workspace is made owned by the cage's root by
+		// tmpfiles; podman's chown would also chown what the cage put there.
+		"--volume=" + a.Workspace + ":" + paths.CageWorkspace + ":rw",
+		"--volume=" + r.bin("cage-seal") + ":" + paths.CageSeal + ":ro",
 		"--tmpfs=/tmp:rw,nosuid,nodev",
-	}
-	if a.Resources.Memory != "infinity" && !strings.HasSuffix(a.Resources.Memory, "%") {
-		argv = append(argv, "--memory="+a.Resources.Memory)
 	}
 	for _, b := range r.cageBinds(a) {
 		if b[2] == "" {
@@ -397,21 +473,61 @@ func (r *renderer) podmanBackend(a *config.Agent) section {
 	if a.Image != "" {
 		argv = append(argv, a.Image)
 	} else {
-		argv = append(argv, "--volume=/usr:/usr:ro", "--rootfs", paths.CageRootfs)
+		argv = append(argv, "--volume=/usr:/usr:ro", "--rootfs", paths.PodmanRootfs)
 	}
-	argv = append(argv, a.Command...)
-	return sec("Service",
+	argv = append(append(argv, paths.CageSeal, "--"), a.Command...)
+	s := sec("Service",
 		"Type", "exec",
 		"ExecStart", r.withStoreBinds(a, config.BackendPodman, []string{r.o.Podman, "--runtime", "runc", "run"}, argv),
 		"ExecStopPost", "-"+quoteCmd([]string{r.o.Podman, "rm", "--force", "--ignore", name}),
 		"Environment", "CONTAINERS_CONF="+filepath.Join(r.o.Prefix, paths.PodmanConf),
-		"StateDirectory", stateDir(a.Workspace),
-		"StateDirectoryMode", "0700",
 		"Delegate", "yes",
 		"KillMode", "mixed",
 		"KeyringMode", "private",
 		"ProtectHome", "yes",
 		"IPAddressAllow", "localhost",
 		"IPAddressDeny", "any",
+		// What --ulimit did before --ulimit=host: the cage inherits these.
+		"LimitNOFILE", "65536",
+		"LimitNPROC", strconv.Itoa(a.Resources.Tasks),
 	)
+	s.add(containerWalls()...)
+	return s
 }
+
+// podmanMasked are the host views podman cages must not see.
+var podmanMasked = []string{"/sys/fs/cgroup", "/sys/class/net", "/sys/devices"}
+
+// serviceView hides from a service cage what the skeleton root shows of the
+// host and of other cages (issues 16 and 21):
+//   - /var/lib: systemd makes each service cage's StateDirectory= mount
+//     point inside the shared skeleton, so every cage saw the others'
+//     names; on a tmpfs the cage's own is made there instead;
+//   - /sys/class/net and /sys/devices: systemd 252 binds the host's /sys,
+//     with the host's network devices (names, MACs, counters of every
+//     cage's traffic); CPU topology stays, for tools that count CPUs;
+//   - /sys/fs/cgroup: services get no cgroup namespace in systemd 252, so
+//     the cage's own cgroup is bound to /sys/fs/cgroup itself, the layout
+//     of a container without a cgroup namespace (runtimes that size
+//     themselves from memory.max find it through /proc/self/mountinfo).
+//     No "-": if the cgroup is not where the unit's name says, the cage
+//     does not start rather than see the whole tree.
+func serviceView(a *config.Agent) []string {
+	own := "/sys/fs/cgroup/system.slice/" + sliceOf(paths.AgentTemplate) + "/" + paths.Instance(paths.AgentTemplate, a.Name)
+	return []string{
+		"TemporaryFileSystem", "/var/lib:ro /sys/class/net:ro /sys/devices:ro",
+		"BindReadOnlyPaths", "/sys/devices/system/cpu",
+		"BindReadOnlyPaths", unitPathEscape(own) + ":/sys/fs/cgroup",
+	}
+}
+
+// sliceOf is the slice systemd puts instances of a template in:
+// system-<prefix, "-" escaped>.slice.
+func sliceOf(template string) string {
+	prefix := template[:strings.IndexByte(template, '@')]
+	return "system-" + strings.ReplaceAll(prefix, "-", `\x2d`) + ".slice"
+}
+
+// unitPathEscape protects backslashes in a path from the unit file parser,
+// which unescapes them in BindPaths= and friends.
+func unitPathEscape(p string) string { return strings.ReplaceAll(p, `\`, `\\`) }

@@ -32,5 +32,16 @@ func baseHardening() []string {
 
 // Syscall groups no nixcage process or agent has a use for. ptrace (@debug),
 // mount, module loading, raw I/O and reboot are what an escaping agent would
-// want first.
-const denySyscalls = "~@clock @cpu-emulation @debug @module @mount @obsolete @privileged @raw-io @reboot @swap"
+// want first. io_uring is in @system-service, and its opcodes (socket,
+// connect, openat...) bypass per-syscall filters such as
+// RestrictAddressFamilies= (issue 16).
+const denySyscalls = "~@clock @cpu-emulation @debug @module @mount @obsolete @privileged @raw-io @reboot @swap " + ioURing
+
+// ioURing are the io_uring system calls.
+const ioURing = "io_uring_setup io_uring_enter io_uring_register"
+
+// sealFamilies are the socket address families an nspawn or podman cage may
+// open: RestrictAddressFamilies= of those units and internal/seal's filter
+// (TestSealFamilies keeps the two equal). Service cages get these without
+// AF_NETLINK, which only the container managers need.
+var sealFamilies = []string{"AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK"}

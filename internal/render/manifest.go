@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+
+	"github.com/nixcage/nixcage/internal/paths"
 )
 
 // ManifestFile (relative to the prefix) lists every file the last install
@@ -89,4 +91,28 @@ func upToDate(dst string, f File) bool {
 	}
 	st, err := os.Lstat(dst)
 	return err == nil && st.Mode().Perm() == f.Mode.Perm()
+}
+
+// AgentFiles lists the per-agent files the renderer writes that exist
+// under dir (agent units, credential drop-ins, autostart links, gateway
+// documents), whatever the manifest says.
+func AgentFiles(dir string) []string {
+	var out []string
+	for _, pat := range []string{
+		"systemd/system/" + paths.Instance(paths.AgentTemplate, "*"),
+		"systemd/system/" + paths.Instance(paths.PrepTemplate, "*") + ".d/50-credentials.conf",
+		"systemd/system/" + paths.Instance(paths.EgressTemplate, "*") + ".d/50-credentials.conf",
+		"systemd/system/" + paths.TargetUnit + ".wants/" + paths.Instance(paths.AgentTemplate, "*"),
+		"nixcage/agents/*/egress.json",
+	} {
+		m, _ := filepath.Glob(filepath.Join(dir, pat))
+		for _, f := range m {
+			rel, err := filepath.Rel(dir, f)
+			if err == nil {
+				out = append(out, rel)
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
 }

@@ -12,7 +12,10 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/nixcage/nixcage/internal/config"
+	"github.com/nixcage/nixcage/internal/seal"
 	"github.com/nixcage/nixcage/internal/testenv"
 )
 
@@ -139,7 +142,7 @@ func renderedUnits(t *testing.T) (dir string, units []string) {
 	}
 	root := renderTo(t, loadExample(t, "reference.hcl"), o)
 	dir = filepath.Join(root, "systemd/system")
-	units = []string{"nixcage-caged.service", "nixcage.target"}
+	units = []string{"nixcage-caged.service", "nixcage.target", "var-lib-nixcage-agents-bob.mount", "var-lib-nixcage-agents-carol.mount"}
 	for _, a := range []string{"alice", "bob", "carol"} {
 		units = append(units,
 			"nixcage-agent@"+a+".service", "cage-egress@"+a+".service", "cage-egress@"+a+".socket",
@@ -182,8 +185,8 @@ var ScoreTargets = map[string]float64{
 	// nspawn and podman run the container manager as root; the cage's own
 	// isolation (user namespace, dropped capabilities) is not visible to
 	// the scorer. Held to today's value so they cannot regress.
-	"nixcage-agent@bob.service":   8.0,
-	"nixcage-agent@carol.service": 9.3,
+	"nixcage-agent@bob.service":   7.4,
+	"nixcage-agent@carol.service": 8.7,
 	// ip netns needs CAP_SYS_ADMIN and the host's mount namespace.
 	"nixcage-netns@alice.service": 5.8,
 }
@@ -291,5 +294,66 @@ agent "n" {
 	}
 	if !strings.Contains(unit, "NetworkNamespacePath=/run/netns/nixcage-n\n") || strings.Contains(exec, "--network-namespace-path") {
 		t.Fatalf("nspawn must inherit the namespace from its unit:\n%s", unit)
+	}
+}
+
+// The families the nspawn and podman units allow are the ones cage-seal
+// allows inside those cages.
+func TestSealFamilies(t *testing.T) {
+	byName := map[string]int{"AF_UNIX": unix.AF_UNIX, "AF_INET": unix.AF_INET, "AF_INET6": unix.AF_INET6, "AF_NETLINK": unix.AF_NETLINK}
+	var got []int
+	for _, n := range sealFamilies {
+		f, ok := byName[n]
+		if !ok {
+			t.Fatalf("unknown family %s", n)
+		}
+		got = append(got, f)
+	}
+	if fmt.Sprint(got) != fmt.Sprint(seal.Families) {
+		t.Fatalf("units allow %v (%v), cage-seal allows %v", sealFamilies, got, seal.Families)
+	}
+}
+
+// The walls of issue 21 item 1, as rendered: no cage can leave a file the
+// host's users could use to become someone else.
+func TestWorkspaceWalls(t *testing.T) {
+	files, err := Render(loadExample(t, "reference.hcl"), DefaultOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func(p string) string {
+		for _, f := range files {
+			if f.Path == p {
+				return string(f.Data)
+			}
+		}
+		t.Fatalf("%s not rendered", p)
+		return ""
+	}
+	tmpfiles := get("tmpfiles.d/nixcage.conf")
+	if !strings.Contains(tmpfiles, "d /var/lib/nixcage/agents 0700 root root -\n") {
+		t.Errorf("workspaces' parent is not root-only:\n%s", tmpfiles)
+	}
+	r := &renderer{cfg: loadExample(t, "reference.hcl"), o: DefaultOptions()}
+	for agent, backend := range map[string]string{"bob": "nspawn", "carol": "podman"} {
+		unit := get("systemd/system/nixcage-agent@" + agent + ".service")
+		base := strconv.Itoa(r.userNSBase(agent))
+		if !strings.Contains(tmpfiles, "d /var/lib/nixcage/agents/"+agent+" 0700 "+base+" "+base+" -\n") {
+			t.Errorf("%s: workspace not owned by the cage's root %s:\n%s", agent, base, tmpfiles)
+		}
+		for _, bad := range []string{":idmap", ":rw,U", "StateDirectory=", "--private-users=pick"} {
+			if strings.Contains(unit, bad) {
+				t.Errorf("%s (%s): unit has %q", agent, backend, bad)
+			}
+		}
+		mount := get("systemd/system/var-lib-nixcage-agents-" + agent + ".mount")
+		if !strings.Contains(mount, "Options=bind,nosuid,nodev\n") || !strings.Contains(unit, "Requires=var-lib-nixcage-agents-"+agent+".mount\n") {
+			t.Errorf("%s (%s): workspace not bound nosuid,nodev on the host before the cage starts:\n%s\n%s", agent, backend, mount, unit)
+		}
+		for _, want := range []string{"RestrictSUIDSGID=yes\n", "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK\n", " /etc/nixcage/cage-seal -- /bin/sh -c", base + ":65536"} {
+			if !strings.Contains(unit, want) {
+				t.Errorf("%s (%s): unit lacks %q", agent, backend, want)
+			}
+		}
 	}
 }

@@ -348,34 +348,54 @@ func xmlText(s string) string {
 	return b.String()
 }
 
-// tmpfiles creates the directories units expect before any of them runs and
-// the skeleton root podman cages start from (empty but for mount points and
-// the merged-/usr symlinks).
+// tmpfiles creates the directories units expect before any of them runs,
+// the nspawn and podman cages' workspaces, and the skeleton roots service and
+// podman cages start from (empty but for mount points and the merged-/usr
+// symlinks).
 func (r *renderer) tmpfiles() {
 	var b strings.Builder
 	b.WriteString("# Rendered by cagectl render.\n")
 	fmt.Fprintf(&b, "d %s 0755 root root -\n", "/var/lib/nixcage")
-	fmt.Fprintf(&b, "d %s 0755 root root -\n", paths.WorkspaceRoot)
+	// Only root traverses to the workspaces: a file a cage leaves there is
+	// out of reach of the host's other users whatever its mode (issue 21).
+	// tmpfiles applies the mode to an existing directory, at install and
+	// before every cage start.
+	fmt.Fprintf(&b, "d %s 0700 root root -\n", paths.WorkspaceRoot)
 	fmt.Fprintf(&b, "d %s 0755 root root -\n", paths.EgressStateRoot)
 	fmt.Fprintf(&b, "d %s 0700 root root -\n", paths.EvidenceRoot)
 	fmt.Fprintf(&b, "d %s 0755 root root -\n", paths.QuarantineRoot)
+	// nspawn and podman workspaces belong to the cage's root, an
+	// unprivileged host uid of the cage's own range; service workspaces are
+	// StateDirectory= of their dynamic user.
+	for _, a := range r.cfg.Agents {
+		if a.Backend != config.BackendService && r.run == nil {
+			base := r.userNSBase(a.Name)
+			fmt.Fprintf(&b, "d %s 0700 %d %d -\n", a.Workspace, base, base)
+		}
+	}
 	// Every mount target a cage needs exists in the skeleton beforehand:
 	// systemd could create them, but podman's container root (a mapped
 	// uid) cannot write to a root-owned directory.
-	root := paths.CageRootfs
-	for _, d := range []string{"", "/usr", "/etc", "/etc/nixcage", "/nix", "/nix/store", "/nix/tools", "/workspace", "/mnt", "/tmp", "/proc", "/sys", "/dev", "/run", "/var", "/var/tmp"} {
-		fmt.Fprintf(&b, "d %s%s 0755 root root -\n", root, d)
-	}
-	for _, l := range []string{"bin", "sbin", "lib", "lib64"} {
-		fmt.Fprintf(&b, "L %s/%s - - - - usr/%s\n", root, l, l)
-	}
-	for _, f := range []string{"/etc/resolv.conf", "/etc/hostname", "/etc/hosts", paths.CageCACert, cageBundle, "/run/.containerenv"} {
-		fmt.Fprintf(&b, "f %s%s 0644 root root -\n", root, f)
+	skeleton(&b, paths.CageRootfs)
+	if r.run == nil { // throw-away cages are never podman cages
+		skeleton(&b, paths.PodmanRootfs, paths.CageSeal)
 	}
 	r.add(paths.TmpfilesConf, 0o644, []byte(b.String()))
 	// podman's default sysctls (net.ipv4.ping_group_range) cannot be set in
 	// a namespace the container does not own.
 	r.add(paths.PodmanConf, 0o644, []byte("# Rendered by cagectl render: containers.conf for nixcage's podman cages.\n[containers]\ndefault_sysctls = []\n"))
+}
+
+func skeleton(b *strings.Builder, root string, files ...string) {
+	for _, d := range []string{"", "/usr", "/etc", "/etc/nixcage", "/nix", "/nix/store", "/nix/tools", "/workspace", "/mnt", "/tmp", "/proc", "/sys", "/dev", "/run", "/var", "/var/tmp"} {
+		fmt.Fprintf(b, "d %s%s 0755 root root -\n", root, d)
+	}
+	for _, l := range []string{"bin", "sbin", "lib", "lib64"} {
+		fmt.Fprintf(b, "L %s/%s - - - - usr/%s\n", root, l, l)
+	}
+	for _, f := range append([]string{"/etc/resolv.conf", "/etc/hostname", "/etc/hosts", paths.CageCACert, cageBundle, "/run/.containerenv"}, files...) {
+		fmt.Fprintf(b, "f %s%s 0644 root root -\n", root, f)
+	}
 }
 
 // canonical writes the validated model back out as HCL-JSON: caged reads it,

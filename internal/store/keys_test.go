@@ -224,3 +224,36 @@ func writeKeySetFiles(t *testing.T, dir string, v uint64, raw, sig []byte) {
 	must(t, os.WriteFile(name, raw, 0o644))
 	must(t, os.WriteFile(name+".sig", sig, 0o644))
 }
+
+// An expiring or expired key set freezes the channel as surely as an
+// expired release: Freshness and Verify report it.
+func TestKeySetExpiryReported(t *testing.T) {
+	f := getFixture(t)
+	root1, root1Pub, _ := releasetest.Key(t, release.AlgEd25519)
+	clock := time.Now()
+	s := f.open(t, filepath.Join(t.TempDir(), "root"), func(o *Options) {
+		o.RootKeys = []*release.PublicKey{root1Pub}
+		o.ExpiryWarning = 7 * 24 * time.Hour
+		o.Now = func() time.Time { return clock }
+	})
+	d := filepath.Join(t.TempDir(), "rel")
+	linkRelease(t, f, f.relB, d, 1) // the release itself is good for 30 days
+	keysExpire := time.Now().Add(3 * 24 * time.Hour)
+	shipKeySet(t, d, 1, []*release.PrivateKey{root1}, []*release.PublicKey{root1Pub}, []*release.PublicKey{f.pub}, 1, keysExpire)
+	if _, err := applyDir(t, s, d); err != nil {
+		t.Fatal(err)
+	}
+	fr, err := s.Freshness()
+	if err != nil || fr.State != FreshExpiring || fr.KeySetState != FreshExpiring || fr.KeySetVersion != 1 ||
+		!strings.Contains(fr.Message(), "key set version 1 expires at") || strings.Contains(fr.Message(), "generation 1's release") {
+		t.Fatalf("key set expiring in 3 days: %+v %q %v", fr, fr.Message(), err)
+	}
+	clock = clock.Add(4 * 24 * time.Hour)
+	fr, _ = s.Freshness()
+	if fr.State != FreshExpired || !strings.Contains(fr.Message(), "no release can be accepted") {
+		t.Fatalf("key set expired: %+v %q", fr, fr.Message())
+	}
+	if _, err := s.Verify(context.Background(), false); !errors.Is(err, ErrExpired) {
+		t.Fatalf("verify with an expired key set: %v", err)
+	}
+}

@@ -3,6 +3,7 @@ package systest
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -26,6 +27,20 @@ const (
 // secret files, creates the tmpfiles and reloads systemd. It starts nothing.
 // secrets maps a machine path (a secret's source) to its real value.
 func InstallNixcage(ctx context.Context, m *Machine, bins Binaries, configHost string, secrets map[string]string) error {
+	if bins["cage-seal"] == "" {
+		// Every nspawn and podman cage execs its agent through cage-seal.
+		dir, err := os.MkdirTemp("", "nixcage-systest-seal-")
+		if err != nil {
+			return fmt.Errorf("install nixcage: %w", err)
+		}
+		defer os.RemoveAll(dir)
+		p, err := Build(ctx, "./cmd/cage-seal", dir)
+		if err != nil {
+			return fmt.Errorf("install nixcage: %w", err)
+		}
+		bins = copyBins(bins)
+		bins["cage-seal"] = p
+	}
 	for name, p := range bins {
 		if err := m.CopyIn(p, filepath.Join(BinDir, name), 0o755); err != nil {
 			return err
@@ -55,6 +70,14 @@ systemctl daemon-reload
 		return fmt.Errorf("install nixcage: %w", err)
 	}
 	return nil
+}
+
+func copyBins(b Binaries) Binaries {
+	c := Binaries{}
+	for k, v := range b {
+		c[k] = v
+	}
+	return c
 }
 
 // UnitState is a unit's ActiveState/SubState/Result.

@@ -6,6 +6,11 @@
 // blob checks, because they are made to look like real keys and would
 // otherwise flag every legitimate call. Findings carry the inspector, the
 // part and a pattern name, never the matched text.
+//
+// Bodies are inspected as they stream (Stream), in bounded memory; whole
+// parts (URL, headers) go through the same code (Inspect). Real values are
+// looked for in every form redact.Forms lists, with the same Matcher the
+// response redactor uses.
 package inspect
 
 import (
@@ -116,9 +121,6 @@ func (s *Set) Names() []string {
 	}
 	return out
 }
-
-// Hold is how many bytes a Stream keeps back before releasing them.
-func (s *Set) Hold() int { return max(s.realHold, s.phHold+s.runHold) }
 
 // pattern is a known secret format. A regexp runs only where one of its
 // literal anchors occurs: most bodies contain none, and the regexps (with

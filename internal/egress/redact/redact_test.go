@@ -108,10 +108,12 @@ func TestReaderMatchesWhole(t *testing.T) {
 // bytes each Read returns.
 func TestReaderChunksIndependentOfContent(t *testing.T) {
 	m := matcher(t)
+	hold := 0
 	lengths := func(body string) []int {
 		pr, pw := io.Pipe()
 		r := m.NewReader(pr)
 		defer r.Release()
+		hold = r.Hold()
 		go func() {
 			// Two writes: the first ends exactly after the guess.
 			pw.Write([]byte(body))
@@ -140,6 +142,9 @@ func TestReaderChunksIndependentOfContent(t *testing.T) {
 		if right[i] != wrong[i] {
 			t.Fatalf("chunk lengths differ: right guess %v, wrong guess %v", right, wrong)
 		}
+	}
+	if first := len(pad+"X-Reflect: ") + 20 - hold; right[0] != first {
+		t.Fatalf("first chunk %d bytes, want the first write less the fixed hold-back (%d)", right[0], first)
 	}
 }
 

@@ -21,6 +21,14 @@ func SmallFS(t testing.TB, size int64, inodes int) string {
 	testenv.RequirePrivileged(t)
 	dir, err := os.MkdirTemp("", "nixcage-smallfs-")
 	must(t, err)
+	SmallFSAt(t, dir, size, inodes)
+	return dir
+}
+
+// SmallFSAt is SmallFS on an existing empty directory.
+func SmallFSAt(t testing.TB, dir string, size int64, inodes int) {
+	t.Helper()
+	testenv.RequirePrivileged(t)
 	opts := fmt.Sprintf("size=%d,nr_inodes=%d,mode=0755", size, inodes)
 	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
 		os.Remove(dir)
@@ -32,7 +40,6 @@ func SmallFS(t testing.TB, size int64, inodes int) string {
 		}
 		os.Remove(dir)
 	})
-	return dir
 }
 
 // Fill takes the free space and inodes of the file system holding dir,

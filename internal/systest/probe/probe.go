@@ -44,7 +44,7 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 		return serve(ctx, out)
 	}
 	if len(args) == 0 {
-		return errors.New("usage: cage-probe CHECK... | cage-probe serve (checks: id, env,NAME, dial,tcp|udp,ADDR, raw, ping,IP, packet, read,PATH, write,PATH, unix,PATH, dns,NAME, http,URL[,HEADER,VALUE], sleep,DURATION, limit,NAME, cgroup,FILE)")
+		return errors.New("usage: cage-probe CHECK... | cage-probe serve (checks: id, env,NAME, dial,tcp|udp,ADDR, raw, ping,IP, packet, read,PATH, write,PATH, unix,PATH, dns,NAME, http,URL[,HEADER,VALUE], sleep,DURATION, limit,NAME, cgroup,FILE, socket,FAMILY, iouring,FAMILY, userns,clone|unshare, clone3, setid,SRC,DST, mknod,PATH, mount,PATH, mkdir,PATH, tree,PATH[,DEPTH])")
 	}
 	enc := json.NewEncoder(out)
 	for _, a := range args {
@@ -151,6 +151,52 @@ func check(ctx context.Context, spec string) Result {
 		if need(1) {
 			r.Detail, err = cgroupFile(a[0])
 		}
+	case "socket":
+		// socket,FAMILY: socket(2) of unix, inet, inet6, netlink, vsock, packet.
+		if need(1) {
+			err = socketOf(a[0])
+		}
+	case "iouring":
+		// iouring,FAMILY: the same socket through io_uring (IORING_OP_SOCKET).
+		if need(1) {
+			err = ioURingSocket(a[0])
+		}
+	case "userns":
+		// userns,clone|unshare: a child in a new user namespace.
+		if need(1) {
+			err = userns(a[0])
+		}
+	case "clone3":
+		r.Detail, err = clone3()
+	case "setid":
+		// setid,SRC,DST: copy SRC to DST, chmod 4755 and 6755, open DST's
+		// directory; succeeds when a setuid or setgid bit stuck.
+		if need(2) {
+			r.Detail, err = setID(a[0], a[1])
+		}
+	case "mknod":
+		if need(1) {
+			err = mknod(a[0])
+		}
+	case "mount":
+		// mount,PATH: the options of the mount at PATH.
+		if need(1) {
+			r.Detail, err = mountOptions(a[0])
+		}
+	case "mkdir":
+		if need(1) {
+			err = os.Mkdir(a[0], 0o755)
+		}
+	case "tree":
+		// tree,PATH[,DEPTH]: the directories under PATH (default depth 3).
+		if need(1) {
+			depth := 3
+			if len(a) > 1 {
+				fmt.Sscan(a[1], &depth)
+			}
+			r.Detail, err = tree(a[0], depth)
+			r.Detail = truncate(r.Detail, 16384)
+		}
 	case "sleep":
 		if need(1) {
 			var d time.Duration
@@ -225,11 +271,11 @@ func cgroupFile(name string) (string, error) {
 	}
 	for _, line := range strings.Split(string(data), "\n") {
 		if p, ok := strings.CutPrefix(line, "0::"); ok {
-			b, err := os.ReadFile("/sys/fs/cgroup" + p + "/" + name)
+			b, err := os.ReadFile(cgroupRoot(p) + "/" + name)
 			return strings.TrimSpace(string(b)), err
 		}
 	}
-	return "", errors.New("no cgroup v2 entry in /proc/self/cgroup")
+	return "", errNoCgroup
 }
 
 func dial(ctx context.Context, network, addr string) (string, error) {
@@ -356,6 +402,8 @@ func errnoName(e syscall.Errno) string {
 		syscall.EADDRNOTAVAIL:   "EADDRNOTAVAIL",
 		syscall.ENOTDIR:         "ENOTDIR",
 		syscall.EINVAL:          "EINVAL",
+		syscall.ENOSYS:          "ENOSYS",
+		syscall.EEXIST:          "EEXIST",
 	}
 	if n, ok := names[e]; ok {
 		return n
@@ -385,4 +433,18 @@ func Parse(out string) ([]Result, error) {
 		rs = append(rs, r)
 	}
 	return rs, nil
+}
+
+// ParseByCheck reads the result lines a probe printed, keyed by check (a
+// check run twice keeps its last result).
+func ParseByCheck(out string) (map[string]Result, error) {
+	rs, err := Parse(out)
+	if err != nil {
+		return nil, err
+	}
+	got := make(map[string]Result, len(rs))
+	for _, r := range rs {
+		got[r.Check] = r
+	}
+	return got, nil
 }

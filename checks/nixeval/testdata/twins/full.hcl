@@ -32,6 +32,7 @@ egress_policy "web" {
   }
   dns {
     enabled          = true
+    allow_types      = ["A", "AAAA", "MX"]
     deny_types       = ["TXT", "ANY"]
     max_label_length = 40
   }
@@ -114,4 +115,13 @@ store {
   nix_keys    = ["cache.example.org-1:6NCHdD59X431o0gWypbMrAURkbJ16ZPMQFGspcDShjY="]
   threshold   = 2
   generations = 5
+  expiry_warning = "3d"
+  root_keys      = ["/etc/nixcage/root-1.pub", "/etc/nixcage/root-2.pub"]
+  root_threshold = 2
+}
+
+evidence {
+  max_bytes    = 2147483648
+  max_entries  = 5000
+  max_duration = "90s"
 }

@@ -24,6 +24,7 @@
       };
       dns = {
         enabled = true;
+        allowTypes = [ "A" "AAAA" "MX" ];
         denyTypes = [ "TXT" "ANY" ];
         maxLabelLength = 40;
       };
@@ -74,6 +75,15 @@
       nixKeys = [ "cache.example.org-1:6NCHdD59X431o0gWypbMrAURkbJ16ZPMQFGspcDShjY=" ];
       threshold = 2;
       generations = 5;
+      expiryWarning = "3d";
+      rootKeys = [ "/etc/nixcage/root-1.pub" "/etc/nixcage/root-2.pub" ];
+      rootThreshold = 2;
+    };
+
+    evidence = {
+      maxBytes = 2147483648;
+      maxEntries = 5000;
+      maxDuration = "90s";
     };
   };
 }

@@ -1,0 +1,288 @@
+package system
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nixcage/nixcage/internal/systest"
+	"github.com/nixcage/nixcage/internal/systest/probe"
+)
+
+// The cages of TestCageWalls, one per backend, named so that a leak of a
+// name is unmistakable in any listing.
+var wallCages = map[string]string{"service": "svcwall", "nspawn": "nspwall", "podman": "podwall"}
+
+// cgroupChannel is the directory the nspawn cage makes in its delegated
+// cgroup while the others look for it (issue 21 item 4).
+const cgroupChannel = "nixcage-walls-chan"
+
+// wallChecks are what each cage attempts. Paths are the cage's own.
+func wallChecks(backend string) []string {
+	c := []string{
+		"id",
+		// Issue 21 item 1: leave a setuid shell and a device for the host.
+		"setid,/usr/bin/bash,/workspace/sb",
+		"mknod,/workspace/null",
+		"mount,/workspace",
+		// Issue 16 items 1-3.
+		"socket,vsock",
+		"socket,packet",
+		"iouring,inet",
+		"iouring,netlink",
+		"iouring,vsock",
+		"userns,clone",
+		"userns,unshare",
+		"clone3",
+		// Issue 21 item 4: cgroups and network devices of the host.
+		"tree,/sys/fs/cgroup,6",
+		"ls,/sys/class/net",
+		"tree,/sys/devices/virtual,2",
+		"cgroup,cgroup.procs",
+		// Issue 16 item 5: names of other agents in the cage's root.
+		"tree,/var,6",
+		"tree,/run,4",
+		"tree,/etc,3",
+	}
+	if backend == "nspawn" {
+		// Hold the cgroup channel open while the others look for it.
+		c = append(c, "mkdir,/sys/fs/cgroup/"+cgroupChannel, "sleep,10m")
+	}
+	return c
+}
+
+// TestCageWalls runs the attacks of issues 16 and 21 as the caged agent of
+// each backend on one booted machine, then plays the host's unprivileged
+// user who tries to use what the cages left behind.
+func TestCageWalls(t *testing.T) {
+	var specs []agentSpec
+	for _, b := range []string{"nspawn", "service", "podman"} {
+		specs = append(specs, agentSpec{name: wallCages[b], backend: b, checks: wallChecks(b)})
+	}
+	e := bootNixcage(t, append(specs, neighbour)...)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+
+	// Controls: what this kernel lets the machine's root do. A wall is
+	// only tested where the kernel would otherwise allow the attempt.
+	control := e.runProbe(t, "socket,vsock", "socket,packet", "iouring,inet", "iouring,netlink", "iouring,vsock",
+		"userns,clone", "userns,unshare", "mknod,/run/walls-null")
+
+	e.runAgent(t, neighbour.name)
+	// The nspawn cage stays up holding its cgroup directory while the
+	// others run.
+	nsp := wallCages["nspawn"]
+	e.m.MustRun(t, "systemctl", "start", systest.AgentUnit(nsp))
+	got := map[string]map[string]probe.Result{}
+	got["nspawn"] = e.waitProbe(t, ctx, nsp, "mkdir,/sys/fs/cgroup/"+cgroupChannel)
+	for _, b := range []string{"service", "podman"} {
+		got[b] = e.runAgent(t, wallCages[b])
+	}
+	e.m.MustRun(t, "systemctl", "stop", systest.AgentUnit(nsp))
+
+	for _, b := range []string{"service", "nspawn", "podman"} {
+		t.Run(b, func(t *testing.T) {
+			e.assertWalls(t, b, got[b], control)
+		})
+	}
+}
+
+// runProbe runs the probe as the machine's root, outside any cage.
+func (e *cageEnv) runProbe(t *testing.T, checks ...string) map[string]probe.Result {
+	t.Helper()
+	got, err := probe.ParseByCheck(e.m.MustRun(t, append([]string{"/usr/local/bin/cage-probe"}, checks...)...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+// waitProbe waits until a running agent's probe has reported check and
+// returns what it reported so far.
+func (e *cageEnv) waitProbe(t *testing.T, ctx context.Context, agent, check string) map[string]probe.Result {
+	t.Helper()
+	for {
+		j, err := e.m.Journal(ctx, systest.AgentUnit(agent))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := probe.ParseByCheck(j)
+		if _, ok := got[check]; ok {
+			return got
+		}
+		if st, _ := e.m.UnitState(ctx, systest.AgentUnit(agent)); st.Active != "active" && st.Active != "activating" {
+			t.Fatalf("%s ended %s/%s before reporting %s\n%s", agent, st.Active, st.Sub, check, e.unitDiag(agent))
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s never reported %s\n%s", agent, check, e.unitDiag(agent))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// hostWorkspace is where the host keeps a cage's workspace.
+func hostWorkspace(backend, agent string) string {
+	if backend == "service" {
+		return "/var/lib/private/nixcage/agents/" + agent // DynamicUser=
+	}
+	return "/var/lib/nixcage/agents/" + agent
+}
+
+func (e *cageEnv) assertWalls(t *testing.T, backend string, got map[string]probe.Result, control map[string]probe.Result) {
+	agent := wallCages[backend]
+	defer func() {
+		if t.Failed() {
+			for c, r := range got {
+				t.Logf("probe %s: %+v", c, r)
+			}
+		}
+	}()
+	res := func(c string) probe.Result {
+		t.Helper()
+		r, ok := got[c]
+		if !ok {
+			t.Fatalf("probe did not report %q", c)
+		}
+		return r
+	}
+	refused := func(c string, why string) {
+		t.Helper()
+		key := c
+		if strings.HasPrefix(c, "mknod,") {
+			key = "mknod,/run/walls-null"
+		}
+		if ctl, ok := control[key]; ok && !ctl.OK {
+			t.Logf("%s: not checked, this kernel refuses it outside any cage too (%s)", c, ctl.Error)
+			return
+		}
+		if r := res(c); r.OK {
+			t.Errorf("%s succeeded inside the %s cage (%s): %s", c, backend, r.Detail, why)
+		} else {
+			t.Logf("%s refused: %s", c, r.Error)
+		}
+	}
+
+	// Issue 21 item 1. In the cage: no setuid/setgid bit sticks, no device.
+	refused("setid,/usr/bin/bash,/workspace/sb", "a setuid file the host's users can run")
+	refused("mknod,/workspace/null", "a device node on the host")
+	// On the host: no file the cage made is setuid or setgid or owned by a
+	// host account, and an unprivileged local user gains nothing running
+	// them.
+	ws := hostWorkspace(backend, agent)
+	files := strings.TrimSpace(e.m.MustRun(t, "find", ws, "-maxdepth", "1", "-name", "sb*", "-printf", "%f %m %U %G\n"))
+	// The copies the chmod family worked on are there; the files open,
+	// openat and openat2 would create with the bits in their mode are
+	// refused outright (EPERM, ENOSYS) under every backend now.
+	for _, name := range []string{"sb ", "sb.fchmod ", "sb.fchmodat ", "sb.fchmodat2 "} {
+		if !strings.Contains("\n"+files, "\n"+name) {
+			t.Errorf("the cage's %s is missing on the host: %q", strings.TrimSpace(name), files)
+		}
+	}
+	for _, line := range strings.Split(files, "\n") {
+		f := strings.Fields(line)
+		if len(f) != 4 {
+			t.Fatalf("find %s: %q", ws, line)
+		}
+		if mode, _ := strconv.ParseUint(f[1], 8, 32); mode&0o6000 != 0 {
+			t.Errorf("%s/%s on the host has mode %s: setuid/setgid", ws, f[0], f[1])
+		}
+		for _, id := range f[2:] {
+			if out, err := e.m.Run(context.Background(), "getent", "passwd", id); id == "0" || (err == nil && backend != "service") {
+				t.Errorf("%s/%s on the host is owned by %s, a host account (%s)", ws, f[0], id, strings.TrimSpace(out))
+			}
+		}
+	}
+	// The host side of an nspawn or podman workspace is a nosuid,nodev
+	// mount: whatever lands there is inert for the host's users. (Service
+	// workspaces are a dynamic user's under the root-only /var/lib/private.)
+	if backend != "service" {
+		opts, err := e.m.Run(context.Background(), "findmnt", "-n", "-o", "OPTIONS", "--mountpoint", ws)
+		if o := "," + strings.TrimSpace(opts) + ","; err != nil || !strings.Contains(o, ",nosuid,") || !strings.Contains(o, ",nodev,") {
+			t.Errorf("%s on the host is not mounted nosuid,nodev: %q (%v)", ws, strings.TrimSpace(opts), err)
+		}
+	}
+	if backend != "service" {
+		if r := res("mount,/workspace"); !strings.Contains(","+r.Detail+",", ",nosuid,") || !strings.Contains(","+r.Detail+",", ",nodev,") {
+			t.Errorf("the cage's /workspace is not nosuid,nodev: %+v", r)
+		}
+	}
+	// The local user is nobody with no capabilities, started from a shell
+	// that has already dropped root (setpriv execing the file directly
+	// would resolve its path with root's rights still in effect).
+	for _, name := range []string{"sb", "sb.fchmod", "sb.fchmodat", "sb.fchmodat2"} {
+		sb := ws + "/" + name
+		attack := "exec setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all --bounding-set=-all /bin/sh -c " +
+			shellQuote(sb+` -p -c 'echo euid=$(id -u) egid=$(id -g)'`)
+		out, err := e.m.Shell(context.Background(), attack)
+		t.Logf("unprivileged local user runs %s -p: %q (%v)", sb, strings.TrimSpace(out), err)
+		if err == nil && !strings.Contains(out, "euid=65534 egid=65534") {
+			t.Errorf("an unprivileged local user ran the cage's %s and got %s", sb, strings.TrimSpace(out))
+		}
+	}
+
+	// Issue 16 items 1-3: io_uring, AF_VSOCK, user namespaces.
+	refused("socket,vsock", "AF_VSOCK reaches the hypervisor")
+	refused("socket,packet", "")
+	for _, c := range []string{"iouring,inet", "iouring,netlink", "iouring,vsock"} {
+		refused(c, "io_uring bypasses the socket filters")
+	}
+	refused("userns,clone", "a user namespace of its own")
+	refused("userns,unshare", "a user namespace of its own")
+	if r := res("clone3"); r.OK {
+		t.Errorf("clone3 reached the kernel (%s): its flags are out of a filter's sight", r.Detail)
+	}
+
+	// Issue 21 item 4: nothing of other cages or the host in cgroupfs and
+	// sysfs.
+	cg := res("tree,/sys/fs/cgroup,6")
+	for _, bad := range []string{"system.slice", "init.scope", "machine.slice", cgroupChannel, "neighbour"} {
+		if strings.Contains(cg.Detail, bad) {
+			t.Errorf("the cage sees %s in /sys/fs/cgroup: %s", bad, cg.Detail)
+		}
+	}
+	for _, other := range wallCages {
+		if other != agent && strings.Contains(cg.Detail, other) {
+			t.Errorf("the cage sees cage %s in /sys/fs/cgroup: %s", other, cg.Detail)
+		}
+	}
+	if backend == "nspawn" {
+		// Its own delegated cgroup: it may make directories there, which
+		// no other cage sees (asserted for them above).
+		t.Logf("mkdir in its own cgroup: ok=%v %s", res("mkdir,/sys/fs/cgroup/"+cgroupChannel).OK, res("mkdir,/sys/fs/cgroup/"+cgroupChannel).Error)
+	}
+	if backend == "service" {
+		// The own cgroup stays readable (runtimes size themselves from it).
+		if r := res("cgroup,cgroup.procs"); !r.OK || r.Detail == "" {
+			t.Errorf("the service cage cannot read its own cgroup: %+v", r)
+		}
+	}
+	if r := res("ls,/sys/class/net"); r.OK && strings.TrimSpace(r.Detail) != "lo" && strings.TrimSpace(r.Detail) != "" {
+		t.Errorf("the cage sees network devices %q in /sys/class/net", r.Detail)
+	}
+	if r := res("tree,/sys/devices/virtual,2"); strings.Contains(r.Detail, "systest-inet0") {
+		t.Errorf("the cage sees the host's systest-inet0 in /sys/devices: %s", r.Detail)
+	}
+
+	// Issue 16 item 5: no other agent's name anywhere in its root.
+	for _, c := range []string{"tree,/var,6", "tree,/run,4", "tree,/etc,3"} {
+		d := res(c).Detail
+		for _, other := range append([]string{neighbour.name}, values(wallCages)...) {
+			if other != agent && strings.Contains(d, other) {
+				t.Errorf("%s: the cage sees agent %s: %s", c, other, d)
+			}
+		}
+	}
+}
+
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+func values(m map[string]string) []string {
+	var out []string
+	for _, v := range m {
+		out = append(out, v)
+	}
+	return out
+}

@@ -1,0 +1,4 @@
+# want: 3:18 Invalid evidence time limit
+evidence {
+  max_duration = "soon"
+}

@@ -1,0 +1,212 @@
+// Package seal is the wall nspawn and podman cages put up around the agent
+// from inside: cage-seal, the first program the container manager starts,
+// installs a seccomp filter and then execs the agent's command. The filter
+// is inherited by every process of the cage and cannot be removed.
+//
+// It refuses what the managers' own filters let through (issue 16):
+//   - io_uring: its opcodes (IORING_OP_SOCKET, ...) bypass per-syscall
+//     filters such as the units' RestrictAddressFamilies=;
+//   - new namespaces: unshare(2) and clone(2) with any CLONE_NEW* flag
+//     (a user namespace is kernel attack surface and would give the agent
+//     capabilities again), and clone3(2), whose flags sit behind a pointer
+//     a filter cannot read, with ENOSYS so that libc falls back to clone;
+//   - sockets other than AF_UNIX, AF_INET, AF_INET6 and AF_NETLINK: AF_VSOCK
+//     is not network-namespaced and reaches the hypervisor of a VM host;
+//   - fchmodat2(2) with a setuid or setgid bit: the units' RestrictSUIDSGID=
+//     (systemd 252) predates that call (Linux 6.6) and does not see it;
+//   - foreign-ABI system calls (x32, 32-bit compat), which would reach the
+//     same kernel functions under numbers the filter does not check.
+//
+// The service backend gets the same walls from systemd itself
+// (SystemCallFilter=, RestrictNamespaces=, RestrictAddressFamilies=).
+package seal
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Flags no cage process may pass to clone or unshare. CLONE_NEWTIME (0x80)
+// is only checked for unshare: in clone's flags the low byte is the exit
+// signal.
+const (
+	cloneNewMask   = unix.CLONE_NEWNS | unix.CLONE_NEWCGROUP | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC | unix.CLONE_NEWUSER | unix.CLONE_NEWPID | unix.CLONE_NEWNET
+	unshareNewMask = cloneNewMask | unix.CLONE_NEWTIME
+)
+
+// Families are the socket address families a cage may open.
+var Families = []int{unix.AF_UNIX, unix.AF_INET, unix.AF_INET6, unix.AF_NETLINK}
+
+// Offsets into struct seccomp_data.
+const (
+	offNr   = 0
+	offArch = 4
+	offArg0 = 16 // low 32 bits on little-endian machines (amd64, arm64)
+	offArg2 = 32
+)
+
+func retErrno(e unix.Errno) uint32 { return unix.SECCOMP_RET_ERRNO | uint32(e)&unix.SECCOMP_RET_DATA }
+
+// Program is the filter for this machine's architecture.
+func Program() ([]unix.SockFilter, error) {
+	if nativeArch == 0 {
+		return nil, fmt.Errorf("seal: no seccomp filter for %s", runtime.GOARCH)
+	}
+	var a asm
+	a.ld(offArch)
+	a.jne(nativeArch, "eperm")
+	a.ld(offNr)
+	if foreignNrBase != 0 {
+		a.jge(foreignNrBase, "eperm")
+	}
+	for _, nr := range []uint32{unix.SYS_IO_URING_SETUP, unix.SYS_IO_URING_ENTER, unix.SYS_IO_URING_REGISTER} {
+		a.jeq(nr, "eperm")
+	}
+	a.jeq(unix.SYS_CLONE3, "enosys")
+	a.jeq(unix.SYS_UNSHARE, "unshare")
+	a.jeq(unix.SYS_CLONE, "clone")
+	a.jeq(unix.SYS_SOCKET, "socket")
+	a.jeq(unix.SYS_FCHMODAT2, "fchmodat2")
+	a.ret(unix.SECCOMP_RET_ALLOW)
+
+	a.label("fchmodat2")
+	a.ld(offArg2)
+	a.jset(unix.S_ISUID|unix.S_ISGID, "eperm")
+	a.ret(unix.SECCOMP_RET_ALLOW)
+
+	a.label("unshare")
+	a.ld(offArg0)
+	a.jset(unshareNewMask, "eperm")
+	a.ret(unix.SECCOMP_RET_ALLOW)
+
+	a.label("clone")
+	a.ld(offArg0)
+	a.jset(cloneNewMask, "eperm")
+	a.ret(unix.SECCOMP_RET_ALLOW)
+
+	a.label("socket")
+	a.ld(offArg0)
+	for _, f := range Families {
+		a.jeq(uint32(f), "allow")
+	}
+	a.ret(retErrno(unix.EAFNOSUPPORT))
+
+	a.label("allow")
+	a.ret(unix.SECCOMP_RET_ALLOW)
+	a.label("eperm")
+	a.ret(retErrno(unix.EPERM))
+	a.label("enosys")
+	a.ret(retErrno(unix.ENOSYS))
+	return a.assemble()
+}
+
+// Install puts the filter on every thread of this process (and so on all it
+// will exec). no_new_privs, which an unprivileged filter requires, is set
+// here too; the managers already set it.
+func Install() error {
+	prog, err := Program()
+	if err != nil {
+		return err
+	}
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("seal: no_new_privs: %w", err)
+	}
+	fprog := unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}
+	_, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, unix.SECCOMP_FILTER_FLAG_TSYNC, uintptr(unsafe.Pointer(&fprog)))
+	runtime.KeepAlive(prog)
+	if errno != 0 {
+		return fmt.Errorf("seal: install seccomp filter: %w", errno)
+	}
+	return nil
+}
+
+// Run is cage-seal: `cage-seal -- COMMAND [ARG...]` installs the filter and
+// replaces itself with COMMAND (looked up in PATH when not absolute), with
+// the environment unchanged. It returns only on failure; the agent never
+// runs unsealed.
+func Run(args []string) error {
+	if len(args) > 0 && args[0] == "--" {
+		args = args[1:]
+	}
+	if len(args) == 0 {
+		return errors.New("usage: cage-seal -- COMMAND [ARG...]")
+	}
+	path, err := exec.LookPath(args[0])
+	if err != nil {
+		return fmt.Errorf("seal: %w", err)
+	}
+	// The filter goes on all threads (TSYNC), but execve replaces the
+	// calling one: keep this goroutine on the thread that was filtered last
+	// so no runtime thread races the exec.
+	runtime.LockOSThread()
+	if err := Install(); err != nil {
+		return err
+	}
+	if err := unix.Exec(path, args, os.Environ()); err != nil {
+		return fmt.Errorf("seal: exec %s: %w", path, err)
+	}
+	return nil
+}
+
+// asm assembles a classic BPF program with symbolic forward jumps.
+type asm struct {
+	ins    []unix.SockFilter
+	jumps  []jump
+	labels map[string]int
+}
+
+type jump struct {
+	at     int
+	target string
+	onTrue bool // the jump is taken when the test is true (else when false)
+}
+
+func (a *asm) ld(off uint32) {
+	a.ins = append(a.ins, unix.SockFilter{Code: unix.BPF_LD | unix.BPF_W | unix.BPF_ABS, K: off})
+}
+
+func (a *asm) ret(v uint32) {
+	a.ins = append(a.ins, unix.SockFilter{Code: unix.BPF_RET | unix.BPF_K, K: v})
+}
+
+func (a *asm) cond(op uint16, k uint32, target string, onTrue bool) {
+	a.jumps = append(a.jumps, jump{at: len(a.ins), target: target, onTrue: onTrue})
+	a.ins = append(a.ins, unix.SockFilter{Code: unix.BPF_JMP | op | unix.BPF_K, K: k})
+}
+
+func (a *asm) jeq(k uint32, target string)  { a.cond(unix.BPF_JEQ, k, target, true) }
+func (a *asm) jne(k uint32, target string)  { a.cond(unix.BPF_JEQ, k, target, false) }
+func (a *asm) jge(k uint32, target string)  { a.cond(unix.BPF_JGE, k, target, true) }
+func (a *asm) jset(k uint32, target string) { a.cond(unix.BPF_JSET, k, target, true) }
+
+func (a *asm) label(name string) {
+	if a.labels == nil {
+		a.labels = map[string]int{}
+	}
+	a.labels[name] = len(a.ins)
+}
+
+func (a *asm) assemble() ([]unix.SockFilter, error) {
+	for _, j := range a.jumps {
+		to, ok := a.labels[j.target]
+		if !ok {
+			return nil, fmt.Errorf("seal: jump to unknown label %q", j.target)
+		}
+		d := to - j.at - 1
+		if d < 0 || d > 255 {
+			return nil, fmt.Errorf("seal: jump to %q out of range (%d)", j.target, d)
+		}
+		if j.onTrue {
+			a.ins[j.at].Jt = uint8(d)
+		} else {
+			a.ins[j.at].Jf = uint8(d)
+		}
+	}
+	return a.ins, nil
+}

@@ -1,0 +1,185 @@
+package seal
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// attempts are what a sealed cage must be refused, and one it must keep.
+// Each returns the errno it got (0: it worked).
+var attempts = map[string]func() unix.Errno{
+	"io_uring_setup": func() unix.Errno {
+		var params [120]byte // struct io_uring_params
+		fd, _, e := unix.Syscall(unix.SYS_IO_URING_SETUP, 1, uintptr(unsafe.Pointer(&params)), 0)
+		if e == 0 {
+			unix.Close(int(fd))
+		}
+		return e
+	},
+	// clone3 with a too-small size: EINVAL when the kernel sees it, ENOSYS
+	// when the filter answers first. Nothing is ever cloned.
+	"clone3": func() unix.Errno {
+		_, _, e := unix.Syscall(unix.SYS_CLONE3, 0, 0, 0)
+		return e
+	},
+	"socket AF_VSOCK": func() unix.Errno { return sock(unix.AF_VSOCK, unix.SOCK_STREAM) },
+	"socket AF_INET":  func() unix.Errno { return sock(unix.AF_INET, unix.SOCK_STREAM) },
+	"socket AF_UNIX":  func() unix.Errno { return sock(unix.AF_UNIX, unix.SOCK_STREAM) },
+	// A child in a new user namespace (clone), and a child that unshares
+	// one after fork: the two ways a process gets one.
+	"clone CLONE_NEWUSER":   func() unix.Errno { return child(&unix.SysProcAttr{Cloneflags: unix.CLONE_NEWUSER}) },
+	"unshare CLONE_NEWUSER": func() unix.Errno { return child(&unix.SysProcAttr{Unshareflags: unix.CLONE_NEWUSER}) },
+	"fork and exec":         func() unix.Errno { return child(&unix.SysProcAttr{}) },
+	"fchmodat2 setuid":      func() unix.Errno { return fchmodat2(0o4755) },
+	"fchmodat2 plain":       func() unix.Errno { return fchmodat2(0o755) },
+}
+
+// fchmodat2 changes the mode of a fresh file of this process's own.
+func fchmodat2(mode uint32) unix.Errno {
+	f, err := os.CreateTemp("", "seal-test-")
+	if err != nil {
+		return unix.EIO
+	}
+	f.Close()
+	defer os.Remove(f.Name())
+	p, _ := unix.BytePtrFromString(f.Name())
+	atFDCWD := unix.AT_FDCWD
+	_, _, e := unix.Syscall6(unix.SYS_FCHMODAT2, uintptr(atFDCWD), uintptr(unsafe.Pointer(p)), uintptr(mode), 0, 0, 0)
+	return e
+}
+
+func sock(family, typ int) unix.Errno {
+	fd, err := unix.Socket(family, typ, 0)
+	if err != nil {
+		return err.(unix.Errno)
+	}
+	unix.Close(fd)
+	return 0
+}
+
+func child(attr *unix.SysProcAttr) unix.Errno {
+	cmd := exec.Command("/proc/self/exe", "-test.run=^$")
+	cmd.Env = []string{} // not a probe again
+	cmd.SysProcAttr = attr
+	if err := cmd.Run(); err != nil {
+		var errno unix.Errno
+		if e, ok := err.(interface{ Unwrap() error }); ok {
+			if en, ok := e.Unwrap().(unix.Errno); ok {
+				errno = en
+			}
+		}
+		if errno == 0 {
+			if pe, ok := err.(*os.PathError); ok {
+				errno, _ = pe.Err.(unix.Errno)
+			}
+		}
+		if errno == 0 {
+			errno = unix.EIO // failed in an unexpected way
+		}
+		return errno
+	}
+	return 0
+}
+
+// TestMain lets a test re-run this binary as a probe, sealed or not, so the
+// filter never lands on the test process itself.
+func TestMain(m *testing.M) {
+	if mode := os.Getenv("SEAL_TEST_PROBE"); mode != "" {
+		if mode == "sealed" {
+			if err := Install(); err != nil {
+				os.Stderr.WriteString(err.Error() + "\n")
+				os.Exit(2)
+			}
+		}
+		got := map[string]string{}
+		for name, f := range attempts {
+			got[name] = errnoName(f())
+		}
+		json.NewEncoder(os.Stdout).Encode(got)
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func errnoName(e unix.Errno) string {
+	if e == 0 {
+		return "ok"
+	}
+	return unix.ErrnoName(e)
+}
+
+func probe(t *testing.T, mode string) map[string]string {
+	t.Helper()
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), "SEAL_TEST_PROBE="+mode)
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("probe %s: %v", mode, err)
+	}
+	got := map[string]string{}
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatalf("probe %s: %v: %s", mode, err, out)
+	}
+	return got
+}
+
+// TestSeal runs the attempts unsealed (what this kernel allows: an attempt
+// the kernel refuses anyway proves nothing and is skipped) and sealed.
+func TestSeal(t *testing.T) {
+	open := probe(t, "open")
+	sealed := probe(t, "sealed")
+	want := map[string]string{
+		"io_uring_setup":        "EPERM",
+		"clone3":                "ENOSYS",
+		"socket AF_VSOCK":       "EAFNOSUPPORT",
+		"socket AF_INET":        "ok",
+		"socket AF_UNIX":        "ok",
+		"clone CLONE_NEWUSER":   "EPERM",
+		"unshare CLONE_NEWUSER": "EPERM",
+		"fork and exec":         "ok",
+		"fchmodat2 setuid":      "EPERM",
+		"fchmodat2 plain":       "ok",
+	}
+	for name, w := range want {
+		t.Run(strings.ReplaceAll(name, " ", "_"), func(t *testing.T) {
+			if w != "ok" && open[name] == w {
+				t.Skipf("unsealed, this kernel already answers %s: the filter is not what refuses it here", open[name])
+			}
+			if w != "ok" && open[name] != "ok" && name != "clone3" {
+				t.Skipf("unsealed, this host refuses it (%s): nothing to seal", open[name])
+			}
+			if sealed[name] != w {
+				t.Errorf("sealed: %s = %s, want %s (unsealed: %s)", name, sealed[name], w, open[name])
+			}
+		})
+	}
+	if open["clone3"] != "EINVAL" {
+		t.Logf("unsealed clone3 with size 0 = %s (EINVAL expected from the kernel)", open["clone3"])
+	}
+}
+
+// Every jump lands inside the program, and the program fits the kernel's
+// limit.
+func TestProgramShape(t *testing.T) {
+	p, err := Program()
+	if err != nil {
+		t.Skip(err)
+	}
+	if len(p) > 4096 {
+		t.Fatalf("program has %d instructions", len(p))
+	}
+	for i, in := range p {
+		if in.Code&0x07 == unix.BPF_JMP && (i+1+int(in.Jt) >= len(p) || i+1+int(in.Jf) >= len(p)) {
+			t.Errorf("instruction %d jumps out of the program", i)
+		}
+	}
+	if last := p[len(p)-1]; last.Code != unix.BPF_RET|unix.BPF_K {
+		t.Errorf("program does not end in a return")
+	}
+}

@@ -1,0 +1,270 @@
+// Package runbench measures `cagectl run -- true` from start to exit
+// against `systemd-run --wait --pipe true` (a unit with no cage) and
+// against `srt true` (Anthropic's sandbox-runtime, bubblewrap), in one
+// booted machine in the same run, interleaved round by round so that noise
+// hits every command alike. Run it through bench/run/run.sh.
+package runbench
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nixcage/nixcage/internal/systest"
+)
+
+const config = `egress_policy "bench" {
+  allow = []
+}
+`
+
+// Where srt and the Debian packages it needs are cached on the host.
+const cacheDir = "/var/cache/nixcage-bench"
+
+// srtVersion is the sandbox-runtime release measured.
+const srtVersion = "0.0.83"
+
+// srtDebs are what srt needs on Debian 12 and the machine tree lacks.
+var srtDebs = []string{"bubblewrap", "socat", "ripgrep", "libwrap0", "libnsl2"}
+
+type subject struct {
+	name, cmd string
+	samples   []time.Duration
+	err       error
+}
+
+// Run boots the machine, measures and prints the table.
+func Run(ctx context.Context, args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("run-latency", flag.ContinueOnError)
+	fs.SetOutput(out)
+	n := fs.Int("n", 20, "rounds (each runs every command once)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	tree, err := systest.EnsureRootfs(ctx, out)
+	if err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp("", "nixcage-runbench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	bins := systest.Binaries{}
+	for name, pkg := range map[string]string{"cagectl": "./cmd/cagectl", "caged": "./cmd/caged", "cage-egress": "./cmd/cage-egress"} {
+		p, err := systest.Build(ctx, pkg, dir)
+		if err != nil {
+			return err
+		}
+		bins[name] = p
+	}
+	cfg := filepath.Join(dir, "bench.hcl")
+	if err := os.WriteFile(cfg, []byte(config), 0o644); err != nil {
+		return err
+	}
+	m, err := systest.Boot(ctx, systest.Options{Root: tree, Console: filepath.Join(dir, "console.log"), Log: out})
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	if err := systest.InstallNixcage(ctx, m, bins, cfg, nil); err != nil {
+		return err
+	}
+	if _, err := m.Shell(ctx, "systemctl reload dbus && systemctl start nixcage-caged.service"); err != nil {
+		return err
+	}
+	subjects := []*subject{
+		{name: "systemd-run --wait --pipe true", cmd: "systemd-run --quiet --wait --pipe true"},
+		{name: "cagectl run -- true (nspawn)", cmd: "cagectl run --no-workspace -- true"},
+		{name: "cagectl run --backend service", cmd: "cagectl run --backend service --no-workspace -- true"},
+		{name: "srt true", cmd: "srt true"},
+	}
+	if err := installSrt(ctx, m, out); err != nil {
+		subjects[3].err = err
+	}
+	// Warm every path once (page cache, first daemon-reload, srt's npm
+	// modules); a failing command is reported, not fatal.
+	for _, s := range subjects {
+		if s.err != nil {
+			continue
+		}
+		if o, err := m.Shell(ctx, s.cmd+" </dev/null"); err != nil {
+			s.err = fmt.Errorf("%v\n%s", err, o)
+		}
+	}
+	for i := 0; i < *n; i++ {
+		for _, s := range subjects {
+			if s.err != nil {
+				continue
+			}
+			d, err := timeIn(ctx, m, s.cmd)
+			if err != nil {
+				s.err = err
+				continue
+			}
+			s.samples = append(s.samples, d)
+		}
+	}
+	report(out, subjects, *n)
+	if j, err := m.Run(ctx, "journalctl", "-u", "nixcage-caged.service", "-o", "cat", "--no-pager"); err == nil {
+		phases(out, j)
+	}
+	return nil
+}
+
+// phases prints where caged spent a run's time, from its own log lines
+// (prepared_in: request checked, config validated, files written;
+// start_job: systemd starting the namespace, prepare step, sockets and the
+// cage; ran: the command; teardown: everything stopped and removed).
+func phases(out io.Writer, journal string) {
+	backend := map[string]string{}
+	got := map[string]map[string][]time.Duration{}
+	for _, line := range strings.Split(journal, "\n") {
+		kv := map[string]string{}
+		for _, f := range strings.Fields(line) {
+			if k, v, ok := strings.Cut(f, "="); ok {
+				kv[k] = strings.Trim(v, `"`)
+			}
+		}
+		name := kv["name"]
+		if kv["backend"] != "" {
+			backend[name] = kv["backend"]
+		}
+		b := backend[name]
+		if b == "" {
+			continue
+		}
+		for _, k := range []string{"prepared_in", "start_job", "ran", "teardown"} {
+			if d, err := time.ParseDuration(kv[k]); err == nil {
+				if got[b] == nil {
+					got[b] = map[string][]time.Duration{}
+				}
+				got[b][k] = append(got[b][k], d)
+			}
+		}
+	}
+	fmt.Fprintf(out, "\nwhere caged spends a run (medians from its log, warm-up included)\n")
+	fmt.Fprintf(out, "%-10s %12s %12s %12s %12s\n", "backend", "prepared_in", "start_job", "ran", "teardown")
+	for _, b := range []string{"nspawn", "service"} {
+		g := got[b]
+		if g == nil {
+			continue
+		}
+		fmt.Fprintf(out, "%-10s %12s %12s %12s %12s\n", b, ms(median(g["prepared_in"])), ms(median(g["start_job"])), ms(median(g["ran"])), ms(median(g["teardown"])))
+	}
+}
+
+// timeIn times one command inside the machine, with the machine's own
+// clock around it (nsenter's cost is outside the measurement).
+func timeIn(ctx context.Context, m *systest.Machine, cmd string) (time.Duration, error) {
+	o, err := m.Shell(ctx, `s=$(date +%s%N); `+cmd+` </dev/null >/dev/null 2>&1; rc=$?; e=$(date +%s%N); echo "$rc $((e-s))"`)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", cmd, err)
+	}
+	f := strings.Fields(o)
+	if len(f) != 2 || f[0] != "0" {
+		return 0, fmt.Errorf("%s: exit status %s", cmd, f[0])
+	}
+	ns, err := strconv.ParseInt(f[1], 10, 64)
+	return time.Duration(ns), err
+}
+
+// installSrt puts node (the host's), srt and the Debian packages srt needs
+// into the machine. The npm tarball and the .debs are fetched once, by npm
+// and apt's own clients, and cached.
+func installSrt(ctx context.Context, m *systest.Machine, out io.Writer) error {
+	node, err := exec.LookPath("node")
+	if err != nil {
+		return fmt.Errorf("not measured: no node on the host (srt is a Node program)")
+	}
+	srtDir := filepath.Join(cacheDir, "srt-"+srtVersion)
+	cli := filepath.Join(srtDir, "node_modules/@anthropic-ai/sandbox-runtime/dist/cli.js")
+	if _, err := os.Stat(cli); err != nil {
+		fmt.Fprintf(out, "runbench: npm install @anthropic-ai/sandbox-runtime@%s into %s\n", srtVersion, srtDir)
+		c := exec.CommandContext(ctx, "npm", "install", "--no-audit", "--no-fund", "--prefix", srtDir, "@anthropic-ai/sandbox-runtime@"+srtVersion)
+		if b, err := c.CombinedOutput(); err != nil {
+			return fmt.Errorf("not measured: npm install: %v\n%s", err, b)
+		}
+	}
+	debDir := filepath.Join(cacheDir, "debs")
+	os.MkdirAll(debDir, 0o755)
+	var debs []string
+	for _, p := range srtDebs {
+		matches, _ := filepath.Glob(filepath.Join(debDir, p+"_*.deb"))
+		if len(matches) == 0 {
+			c := exec.CommandContext(ctx, "apt-get", "download", p)
+			c.Dir = debDir
+			if b, err := c.CombinedOutput(); err != nil {
+				return fmt.Errorf("not measured: apt-get download %s: %v\n%s", p, err, b)
+			}
+			matches, _ = filepath.Glob(filepath.Join(debDir, p+"_*.deb"))
+		}
+		if len(matches) == 0 {
+			return fmt.Errorf("not measured: no .deb for %s", p)
+		}
+		dst := "/tmp/debs/" + filepath.Base(matches[0])
+		if err := m.CopyIn(matches[0], dst, 0o644); err != nil {
+			return err
+		}
+		debs = append(debs, dst)
+	}
+	if o, err := m.Run(ctx, append([]string{"dpkg", "-i"}, debs...)...); err != nil {
+		return fmt.Errorf("not measured: dpkg -i: %v\n%s", err, o)
+	}
+	if err := m.CopyIn(node, "/usr/local/bin/node", 0o755); err != nil {
+		return err
+	}
+	if b, err := exec.CommandContext(ctx, "cp", "-a", srtDir, m.Path("/opt/srt")).CombinedOutput(); err != nil {
+		return fmt.Errorf("copy srt: %v\n%s", err, b)
+	}
+	wrapper := "#!/bin/sh\nexec /usr/local/bin/node /opt/srt/node_modules/@anthropic-ai/sandbox-runtime/dist/cli.js \"$@\"\n"
+	return m.WriteFile("/usr/local/bin/srt", []byte(wrapper), 0o755)
+}
+
+func report(out io.Writer, subjects []*subject, n int) {
+	fmt.Fprintf(out, "\nstart to exit of `true`, n=%d rounds interleaved, median (p90)\n", n)
+	fmt.Fprintf(out, "%-34s %10s %10s %8s\n", "command", "median", "p90", "ratio")
+	base := median(subjects[0].samples)
+	for _, s := range subjects {
+		if s.err != nil {
+			fmt.Fprintf(out, "%-34s %10s %10s %8s  (%v)\n", s.name, "-", "-", "-", firstLine(s.err))
+			continue
+		}
+		ratio := "-"
+		if base > 0 {
+			ratio = fmt.Sprintf("%.2fx", float64(median(s.samples))/float64(base))
+		}
+		fmt.Fprintf(out, "%-34s %10s %10s %8s\n", s.name, ms(median(s.samples)), ms(pct(s.samples, 0.9)), ratio)
+	}
+	for _, s := range subjects {
+		if s.err != nil {
+			fmt.Fprintf(out, "\n%s: %v\n", s.name, s.err)
+		}
+	}
+}
+
+func firstLine(err error) string {
+	s, _, _ := strings.Cut(err.Error(), "\n")
+	return s
+}
+
+func median(ds []time.Duration) time.Duration { return pct(ds, 0.5) }
+
+func pct(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[int(p*float64(len(s)-1)+0.5)]
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond)) }
