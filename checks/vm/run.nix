@@ -25,12 +25,13 @@ in
     upstream.wait_for_open_port(443)
     ${common.prelude}
     machine.succeed("install -d -o alice -g users /home/alice/project")
-    machine.succeed("""cat > /home/alice/project/job.sh <<'EOS'
-    echo "allowed: $(curl -sS -o /dev/null -w '%{http_code}' https://api.example.com/allowed)"
-    echo "refused: $(curl -sS -o /dev/null -w '%{http_code}' https://evil.example.org/denied 2>&1)"
-    echo written > /workspace/out.txt
-    exit 7
-    EOS""")
+    job = "\n".join([
+        "echo \"allowed: $(curl -sS -o /dev/null -w '%{http_code}' https://api.example.com/allowed)\"",
+        "echo \"refused: $(curl -sS -o /dev/null -w '%{http_code}' https://evil.example.org/denied 2>&1)\"",
+        "echo written > /workspace/out.txt",
+        "exit 7",
+    ])
+    machine.succeed(f"cat > /home/alice/project/job.sh <<'EOS'\n{job}\nEOS")
 
     with subtest("the command's exit status is cagectl's, the summary names the block"):
         rc, out = machine.execute("su - alice -c 'cd /home/alice/project && cagectl run --policy test -- /nix/tools/bin/sh job.sh' 2>&1")
