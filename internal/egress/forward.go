@@ -374,7 +374,10 @@ func (b *bodyStream) pull() error {
 			b.out = b.ins.Write(b.buf[:n])
 		}
 		if err == io.EOF {
-			b.out = append(b.out, b.ins.Close()...)
+			// What Write released is valid only until the next call, and
+			// Close compacts the same buffer: copy it first, or the last
+			// read's bytes are overwritten by what Close moves down.
+			b.out = append(append([]byte(nil), b.out...), b.ins.Close()...)
 			b.eof = true
 		} else if err != nil {
 			return err
