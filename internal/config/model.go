@@ -38,6 +38,8 @@ type Agent struct {
 	Tools       string // tool profile; "" means the store's current generation
 	Image       string // podman only; "" means a rootfs built from the host's /usr
 	Autostart   bool
+	// Interactive agents get a terminal that caged holds (cagectl attach).
+	Interactive bool
 	Resources   Resources
 	Policy      policy.Policy // resolved; Policy.Name is the policy's name
 	// InlinePolicy is set when the policy was declared inside the agent.

@@ -479,9 +479,11 @@ func (d *Daemon) checkBinds(ctx context.Context, r *run, unit string) error {
 	return nil
 }
 
+// processGone: a process that has exited (a zombie included) has no root
+// any more; a live one always has one.
 func processGone(pid uint32) bool {
-	_, err := os.Stat(fmt.Sprintf("/proc/%d", pid))
-	return err != nil
+	_, err := os.Stat(fmt.Sprintf("/proc/%d/root", pid))
+	return errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ESRCH)
 }
 
 func writeRunSecrets(dir string, values map[string][]byte) error {
