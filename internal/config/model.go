@@ -37,7 +37,11 @@ type Agent struct {
 	Workspace   string
 	Tools       string // tool profile; "" means the store's current generation
 	Image       string // podman only; "" means a rootfs built from the host's /usr
-	Autostart   bool
+	// Harness names the shipped scaffold (package harness) the agent runs
+	// under, "" for none. Its policy, secret variable and environment are
+	// already folded into the fields here; render adds its files.
+	Harness   string
+	Autostart bool
 	// Interactive agents get a terminal that caged holds (cagectl attach).
 	Interactive bool
 	Resources   Resources

@@ -67,6 +67,14 @@ func (d *Daemon) ApplyConfig(ctx context.Context, srcs []bus.ConfigSource, dryRu
 	d.cfg = cfg
 	d.mu.Unlock()
 	res, err := rec.Apply(ctx, cfg)
+	if err != nil {
+		// A start that failed for a missing secret source says which.
+		var hints string
+		for _, a := range cfg.Agents {
+			hints += d.secretHint(ctx, a)
+		}
+		err = fmt.Errorf("%w%s", err, hints)
+	}
 	d.recordReconcile(ctx, res, err)
 	d.publishAgents(ctx)
 	gen, channel := d.storeCurrent()
