@@ -120,6 +120,7 @@ type Daemon struct {
 	lastGeneration uint64
 	runs           map[string]*run // throw-away cages by name
 	consoles       map[string]*console
+	slicesOnce     sync.Once
 }
 
 // Serve runs caged with o until ctx ends.
