@@ -138,6 +138,19 @@ func TestRunOnSystemd(t *testing.T) {
 	}
 	assertTornDown(t, sh)
 
+	// Directories caged itself cannot see (its unit has ProtectHome=yes and
+	// PrivateTmp=yes): the caller's descriptor decides, not caged's view.
+	// (tmpfs: ID-mapped mounts need a filesystem that has them.)
+	sh("for d in /tmp/run-ws /home/runner/project; do mkdir -p $d && mount -t tmpfs tmpfs $d && echo from-$d > $d/f; done")
+	for _, dir := range []string{"/tmp/run-ws", "/home/runner/project"} {
+		for _, backend := range []string{"nspawn", "service"} {
+			out, _, code := run("cd " + dir + " && cagectl run --backend " + backend + " -- cat /workspace/f")
+			if code != 0 || !strings.Contains(out, "from-"+dir) {
+				t.Errorf("%s from %s: exit %d, output %q", backend, dir, code, out)
+			}
+		}
+	}
+
 	// The service backend, no workspace, and a command that fails.
 	if _, _, code := run("cagectl run --backend service --no-workspace -- /bin/sh -c 'test ! -e /workspace/job.sh && touch /workspace/x && exit 4'"); code != 4 {
 		t.Errorf("service backend run exited %d, want 4", code)
@@ -153,7 +166,7 @@ func TestRunOnSystemd(t *testing.T) {
 	if err := events.Start(); err != nil {
 		t.Fatal(err)
 	}
-	bg := m.Command(ctx, "cagectl", "run", "--name", "visible", "--no-workspace", "--", "sleep", "3")
+	bg := m.Command(ctx, "timeout", "60", "cagectl", "run", "--name", "visible", "--no-workspace", "--", "sleep", "3")
 	if err := bg.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -213,7 +226,7 @@ echo; cat /mnt/ro-data/note; echo x > /mnt/ro-data/new 2>/dev/null && echo bind-
 	}
 
 	// cagectl killed: caged notices the caller left and tears the cage down.
-	gone := m.Command(ctx, "cagectl", "run", "--name", "orphan", "--no-workspace", "--", "sleep", "600")
+	gone := m.Command(ctx, "timeout", "60", "cagectl", "run", "--name", "orphan", "--no-workspace", "--", "sleep", "600")
 	if err := gone.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -233,6 +246,28 @@ echo; cat /mnt/ro-data/note; echo x > /mnt/ro-data/new 2>/dev/null && echo bind-
 			t.Fatal("the cage of a killed cagectl still runs after 10 s")
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+	assertTornDown(t, sh)
+
+	// caged restarting: it tears its runs down first, and their callers
+	// say so and exit 4 (caged unreachable); nothing is left.
+	restarted := m.Command(ctx, "timeout", "60", "cagectl", "run", "--name", "across", "--no-workspace", "--", "sleep", "600")
+	var restartedErr lockedBuffer
+	restarted.Stderr = &restartedErr
+	if err := restarted.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 100; i++ {
+		if st, _ := m.UnitState(ctx, "nixcage-agent@across.service"); st.Active == "active" {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	sh("systemctl restart nixcage-caged.service")
+	err = restarted.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 4 || !strings.Contains(restartedErr.String(), "caged stopped or restarted while cage across ran") {
+		t.Errorf("cagectl run across a caged restart: %v, stderr %q; want exit 4 and the reason", err, restartedErr.String())
 	}
 	assertTornDown(t, sh)
 

@@ -182,6 +182,16 @@ func (c *Client) WatchRuns(ctx context.Context) (<-chan RunSummary, error) {
 	return out, nil
 }
 
+// Owner is the unique bus name that owns caged's name now ("" if none):
+// a run's caller compares it over time to notice caged restarting.
+func (c *Client) Owner(ctx context.Context) string {
+	var owner string
+	if err := c.conn.BusObject().CallWithContext(ctx, "org.freedesktop.DBus.GetNameOwner", 0, Name).Store(&owner); err != nil {
+		return ""
+	}
+	return owner
+}
+
 // Connected reports whether the connection to the bus is still up.
 func (c *Client) Connected() bool { return c.conn.Connected() }
 

@@ -50,8 +50,8 @@ func parseRun(env *Env, args []string) (*runSpec, error) {
 	policy := fs.String("policy", "", "egress policy `NAME` (declared in caged's config or shipped: claude-code, codex, github, none)")
 	var allow, secrets, binds listFlag
 	fs.Var(&allow, "allow", "allow egress to `HOST` (repeat; instead of --policy)")
-	fs.Var(&secrets, "secret", "`NAME[:ENV]=FILE`: the gateway holds FILE's value, the cage sees a placeholder in ENV (default NAME_API_KEY, upper case)")
-	fs.Var(&binds, "bind", "`DIR[:ro]`: also mount DIR in the cage, at /mnt/BASENAME (repeat)")
+	fs.Var(&secrets, "secret", "`NAME[:ENV]=FILE` the gateway holds FILE's value for the policy's credential NAME; the cage sees a placeholder in ENV (default NAME_API_KEY, upper case); repeat")
+	fs.Var(&binds, "bind", "also mount `DIR[:ro]` in the cage at /mnt/BASENAME (:ro read-only); repeat")
 	backend := fs.String("backend", "nspawn", "service or nspawn (nspawn: own PID namespace, and files written in /workspace are yours)")
 	name := fs.String("name", "", "the cage's `NAME` (default: run-XXXXXXXX)")
 	workspace := fs.String("workspace", "", "bind `DIR` read-write at /workspace instead of the current directory")
@@ -280,6 +280,7 @@ func waitRun(ctx context.Context, c *bus.Client, name string, finished <-chan bu
 	}
 	alive := time.NewTicker(time.Second)
 	defer alive.Stop()
+	owner := c.Owner(ctx)
 	for {
 		select {
 		case sum, ok := <-finished:
@@ -298,6 +299,10 @@ func waitRun(ctx context.Context, c *bus.Client, name string, finished <-chan bu
 		case <-alive.C:
 			if !c.Connected() {
 				return nil, &ExitError{Code: ExitNoConn, Err: errors.New("lost the connection to caged while the cage ran")}
+			}
+			if now := c.Owner(ctx); now != owner {
+				// A new caged tears down the runs the old one left.
+				return nil, &ExitError{Code: ExitNoConn, Err: fmt.Errorf("caged stopped or restarted while cage %s ran; the cage is torn down (its audit is kept)", name)}
 			}
 		case <-ctx.Done():
 			return nil, ctx.Err()

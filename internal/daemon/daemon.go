@@ -229,6 +229,8 @@ func Serve(ctx context.Context, o Options) error {
 		select {
 		case <-ctx.Done():
 			sddaemon.SdNotify(false, sddaemon.SdNotifyStopping)
+			// Nobody would tear a run down otherwise.
+			d.stopRuns()
 			d.conn.ReleaseName(bus.Name)
 			wg.Wait()
 			d.log.Info("caged stopped")

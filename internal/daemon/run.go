@@ -370,7 +370,7 @@ func (d *Daemon) launchRun(ctx context.Context, r *run, agent *config.Agent, sto
 	d.runs[r.name] = r
 	d.mu.Unlock()
 	fail := func(err error) error {
-		d.teardownRun(context.Background(), r)
+		d.teardownRun(context.Background(), d.units, r)
 		d.mu.Lock()
 		delete(d.runs, r.name)
 		d.mu.Unlock()
@@ -501,22 +501,41 @@ func writeRunSecrets(dir string, values map[string][]byte) error {
 }
 
 // superviseRun waits for the cage to end: systemd's signals (watchUnits)
-// report it at once; a slow poll covers a lost signal and the caller
-// leaving the bus.
+// report it at once, the bus reports the caller leaving at once
+// (NameOwnerChanged), and a slow poll covers a lost signal.
 func (d *Daemon) superviseRun(r *run) {
 	unit := paths.Instance(paths.AgentTemplate, r.name)
-	tk := time.NewTicker(2 * time.Second)
+	left := make(chan *dbus.Signal, 8)
+	match := []dbus.MatchOption{dbus.WithMatchSender("org.freedesktop.DBus"), dbus.WithMatchInterface("org.freedesktop.DBus"),
+		dbus.WithMatchMember("NameOwnerChanged"), dbus.WithMatchArg(0, r.sender)}
+	if r.sender != "" && d.conn.AddMatchSignal(match...) == nil {
+		d.conn.Signal(left)
+		defer d.conn.RemoveSignal(left)
+		defer d.conn.RemoveMatchSignal(match...)
+	}
+	tk := time.NewTicker(5 * time.Second)
 	defer tk.Stop()
+	check := true // the caller may have left before the match was added
 	for {
+		if check && !d.callerPresent(r.sender) {
+			d.log.Info("caller of a throw-away cage left the bus; stopping it", "name", r.name, "by", r.by)
+			d.stopRun(r, "the caller left")
+			return
+		}
+		check = false
 		select {
 		case <-r.done:
 			return
-		case <-tk.C:
-		}
-		if !d.callerPresent(r.sender) {
-			d.log.Info("caller of a throw-away cage left the bus; stopping it", "name", r.name, "by", r.by)
-			d.stopRun(r, "the caller left")
+		case sig, ok := <-left:
+			switch {
+			case !ok:
+				left = nil // the connection is closing; the poll goes on
+			case sig != nil && sig.Name == "org.freedesktop.DBus.NameOwnerChanged" && len(sig.Body) == 3 && sig.Body[0] == r.sender:
+				check = true
+			}
 			continue
+		case <-tk.C:
+			check = true
 		}
 		states, err := d.units.States(context.Background(), []string{unit})
 		if err != nil {
@@ -586,6 +605,34 @@ func (d *Daemon) stopRun(r *run, why string) {
 	d.finishRun(r, why)
 }
 
+// stopRuns tears every run down when caged stops. caged's own bus
+// connections end with its context, so this takes a connection of its
+// own; the callers, who can no longer be told, notice caged going away and
+// say so.
+func (d *Daemon) stopRuns() {
+	d.mu.RLock()
+	runs := make([]*run, 0, len(d.runs))
+	for _, r := range d.runs {
+		runs = append(runs, r)
+	}
+	d.mu.RUnlock()
+	if len(runs) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sd, err := dialSystemd(ctx, d.o.Systemd)
+	if err != nil {
+		d.log.Error("stopping: cannot reach systemd; throw-away cages are left for the next caged", "err", err)
+		return
+	}
+	defer sd.Close()
+	for _, r := range runs {
+		d.log.Info("caged is stopping: tearing down a throw-away cage", "name", r.name, "by", r.by)
+		d.teardownRun(ctx, reconcile.Units{SD: sd}, r)
+	}
+}
+
 // SignalRun implements bus.RunBackend.
 func (d *Daemon) SignalRun(ctx context.Context, name string, signal int32, caller bus.Identity) error {
 	r := d.runByName(name)
@@ -620,7 +667,7 @@ func (d *Daemon) finishRun(r *run, why string) {
 		sum := bus.RunSummary{Name: r.name, Error: why, Audit: filepath.Join(paths.AuditDir(r.name), "audit.jsonl")}
 		sum.Exit, sum.Result = d.exitStatus(ctx, unit)
 		tEnd := time.Now()
-		d.teardownRun(ctx, r)
+		d.teardownRun(ctx, d.units, r)
 		d.auditSummary(r.name, &sum)
 		d.mu.Lock()
 		delete(d.runs, r.name)
@@ -656,28 +703,31 @@ func (d *Daemon) exitStatus(ctx context.Context, unit string) (int32, string) {
 }
 
 // teardownRun stops every unit of the run and removes every file it
-// installed (from its manifest) and its state, except the audit log.
-func (d *Daemon) teardownRun(ctx context.Context, r *run) {
+// installed (from its manifest) and its state, except the audit log. If
+// the units could not be stopped, the files stay: the manifest is how the
+// next caged finds the run to tear down.
+func (d *Daemon) teardownRun(ctx context.Context, units reconcile.Units, r *run) {
 	// One job: stopping the namespace stops everything bound to it
 	// (sockets and agent: BindsTo=, gateway: Requires= on the sockets), and
 	// the prepare step then stops as unneeded. A failed unit is then reset
 	// so that systemd forgets it.
 	netns := paths.Instance(paths.NetnsTemplate, r.name)
-	if err := d.units.Stop(ctx, netns); err != nil && !reconcile.IsNoSuchUnit(err) {
-		d.log.Warn("teardown: stop", "unit", netns, "err", err)
+	if err := units.Stop(ctx, netns); err != nil && !reconcile.IsNoSuchUnit(err) {
+		d.log.Error("teardown: stop; left for the next caged", "unit", netns, "err", err)
+		return
 	}
 	us := append(reconcile.AgentUnits(r.name), paths.Instance(paths.BindsTemplate, r.name))
-	states, _ := d.units.States(ctx, us)
+	states, _ := units.States(ctx, us)
 	for _, u := range us {
 		s := states[u]
 		if s.Running() {
 			// Not bound to the namespace after all (a unit changed): stop it.
-			if err := d.units.Stop(ctx, u); err != nil && !reconcile.IsNoSuchUnit(err) {
+			if err := units.Stop(ctx, u); err != nil && !reconcile.IsNoSuchUnit(err) {
 				d.log.Warn("teardown: stop", "unit", u, "err", err)
 			}
 		}
 		if s.Active == "failed" {
-			_ = d.sd.ResetFailedUnitContext(ctx, u)
+			_ = units.SD.ResetFailedUnitContext(ctx, u)
 		}
 	}
 	root := d.o.Root
@@ -764,7 +814,7 @@ func (d *Daemon) cleanupOrphanRuns(ctx context.Context) {
 	for _, e := range ents {
 		r := &run{name: e.Name(), dir: d.qdirs.Host(paths.RunDir(e.Name()))}
 		d.log.Warn("tearing down a throw-away cage left by a previous caged", "name", r.name)
-		d.teardownRun(ctx, r)
+		d.teardownRun(ctx, d.units, r)
 	}
 }
 
