@@ -193,6 +193,7 @@ func (e *cageEnv) runHarness(t *testing.T, ctx context.Context, c harnessCase) {
 		t.Fatal(err)
 	}
 	var turns int
+	noted := false
 	for _, r := range after[len(before):] {
 		if strings.Contains(r.Host+r.SNI+r.Name, "evil.example.org") {
 			t.Errorf("the refused host received %s %s %s", r.Kind, r.Method, r.Path)
@@ -204,10 +205,16 @@ func (e *cageEnv) runHarness(t *testing.T, ctx context.Context, c harnessCase) {
 			continue
 		}
 		turns++
+		noted = noted || strings.Contains(r.Body, "You are running in a nixcage cage")
 		got := strings.Join(r.Headers[c.keyHeader], ",")
 		if !strings.Contains(got, c.realKey) {
 			t.Errorf("%s %s carried %s = %q, want the real key", r.Method, r.Path, c.keyHeader, got)
 		}
+	}
+	// With the scaffold, the CLI read the cage note (Claude Code's managed
+	// memory, Codex's developer_instructions) and passed it to its model.
+	if scaffold := !strings.HasSuffix(c.agent, "-bare"); noted != scaffold {
+		t.Errorf("the cage note reached the model: %v, want %v", noted, scaffold)
 	}
 	if turns < 2 {
 		t.Errorf("the model API saw %d POSTs, want a tool-use turn and a final turn", turns)

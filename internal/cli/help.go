@@ -48,6 +48,13 @@ var help = map[string]helpText{
 			"cagectl audit claude --follow",
 		},
 	},
+	"policy suggest": {
+		long: "Reads the agent's audit (root reads the log, others ask caged: viewer role) and prints an egress_policy block whose allow list and ports would have let through what the host patterns and ports refused, each entry with its counts and first/last time, and a WARNING comment on wildcards, upload-heavy hosts and hosts that were sent a placeholder. Never suggested (listed as comments): IP addresses, names that resolved to private, loopback or metadata addresses, names a deny entry of the agent's policy or of a shipped policy covers, special-use names. The output passes `cagectl validate`; merge its entries into the agent's policy after review. See docs/grants.md.",
+		examples: []string{
+			"cagectl policy suggest claude",
+			"cagectl policy suggest claude --since 2h > suggested.hcl && cagectl validate suggested.hcl",
+		},
+	},
 	"completion": {
 		long: "Completion scripts are generated from the command table: commands, each command's flags, and agent names (asked of caged with `cagectl status --names` when completing).",
 		examples: []string{

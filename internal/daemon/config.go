@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/nixcage/nixcage/internal/bus"
 	"github.com/nixcage/nixcage/internal/config"
@@ -61,6 +62,9 @@ func (d *Daemon) ApplyConfig(ctx context.Context, srcs []bus.ConfigSource, dryRu
 		return nil, err
 	}
 	if err := writeAtomic(d.qdirs.Host(d.o.Config), canon); err != nil {
+		if errors.Is(err, syscall.EROFS) {
+			return nil, fmt.Errorf("install config: %w: caged's unit does not let it write /etc (an install from before apply-config); reinstall systemd/system/%s from `cagectl render` into /etc/systemd/system, then systemctl daemon-reload && systemctl restart %s", err, paths.CagedUnit, paths.CagedUnit)
+		}
 		return nil, fmt.Errorf("install config: %w", err)
 	}
 	d.mu.Lock()

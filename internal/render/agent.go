@@ -561,11 +561,16 @@ var podmanMasked = []string{"/sys/fs/cgroup", "/sys/class/net", "/sys/devices"}
 //     of a container without a cgroup namespace (runtimes that size
 //     themselves from memory.max find it through /proc/self/mountinfo).
 //     No "-": if the cgroup is not where the unit's name says, the cage
-//     does not start rather than see the whole tree.
+//     does not start rather than see the whole tree;
+//   - /dev/shm: PrivateDevices= binds the host's into the private /dev, so
+//     every service cage and every local user shared one sticky directory,
+//     a channel around every gateway (red team): a tmpfs of the cage's own
+//     (its pages are charged to the cage's memory limit).
 func serviceView(a *config.Agent) []string {
 	own := "/sys/fs/cgroup/system.slice/" + sliceOf(paths.AgentTemplate) + "/" + paths.Instance(paths.AgentTemplate, a.Name)
 	return []string{
 		"TemporaryFileSystem", "/var/lib:ro /sys/class/net:ro /sys/devices:ro",
+		"TemporaryFileSystem", "/dev/shm:mode=1777,nosuid,nodev",
 		"BindReadOnlyPaths", "/sys/devices/system/cpu",
 		"BindReadOnlyPaths", unitPathEscape(own) + ":/sys/fs/cgroup",
 	}
