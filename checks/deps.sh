@@ -20,4 +20,13 @@ if ((${#missing[@]})); then
   apt-get update -q >/dev/null
   apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
 fi
+# npm fetches the real harness CLIs for checks/system (TestHarnessCLIs):
+# only its download is used (the CLIs are native binaries), so Debian's npm
+# serves; a host that already has npm (e.g. a newer Node.js) keeps its own.
+if ! command -v npm >/dev/null; then
+  echo "checks/deps.sh: installing npm"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q >/dev/null
+  apt-get install -y -q --no-install-recommends npm >/dev/null
+fi
 command -v go >/dev/null || { echo "checks/deps.sh: Go is required (https://go.dev/dl), e.g. /usr/local/go/bin" >&2; exit 1; }

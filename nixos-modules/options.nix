@@ -131,11 +131,7 @@ let
           `config.age.secrets.NAME.path` (agenix).
         '';
       };
-      env = mkOption {
-        type = types.str;
-        example = "ANTHROPIC_API_KEY";
-        description = "Variable holding the placeholder inside the cage.";
-      };
+      env = (opt types.str "Variable holding the placeholder inside the cage (default: the variable the agent's harness reads, for the harness's own secret; required otherwise).") // { example = "ANTHROPIC_API_KEY"; };
       hosts = opt (types.listOf types.str) "Exact hosts the real value is injected for (default: the policy's credential \"${name}\").";
       header = opt types.str "Header carrying the value (default: the policy's, else Authorization).";
     };
@@ -158,7 +154,8 @@ let
       tools = opt types.str "Tool profile in the shared store (default: the current generation).";
       image = opt types.str "Container image (podman only).";
       autostart = opt types.bool "Start with nixcage.target (default true).";
-      egress = opt types.str "Name of an egress policy: one of services.nixcage.egressPolicies or a shipped one (claude-code, codex, github, none). Default \"none\" (deny all).";
+      egress = opt types.str "Name of an egress policy: one of services.nixcage.egressPolicies or a shipped one (claude-code, codex, gemini, github, none). Default: the harness's policy, else \"none\" (deny all).";
+      harness = opt types.str "A shipped harness scaffold (claude-code, codex, gemini; docs/harnesses.md): its policy, the variable its CLI reads the key from, its environment and the cage note. Checked by cagectl validate.";
       egressPolicy = opt (types.submodule policyModule) "An egress policy for this agent alone, instead of `egress`.";
       secrets = mkOption {
         type = types.attrsOf (types.submodule secretModule);

@@ -172,7 +172,9 @@ func TestCagedOnSystemd(t *testing.T) {
 	}
 
 	// A signed release through caged; the agent sees it after (re)start.
-	sh("cd /root && cagectl apply ./rel2")
+	if out := sh("cd /root && cagectl apply -v ./rel2"); !strings.Contains(out, "  unpack ") || !strings.Contains(out, "  switch ") {
+		t.Fatalf("apply -v through caged does not time its phases:\n%s", out)
+	}
 	// The store changed behind apply's back: current/top now links to the
 	// host's root. systemd's bind would follow that link on the host; the
 	// unit's store check must refuse the start instead. Done before the

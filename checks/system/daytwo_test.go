@@ -20,6 +20,7 @@ const (
 	dayTwoKeyA = "sk-daytwo-AAAA-0123456789abcdef"
 	dayTwoKeyB = "sk-daytwo-BBBB-0123456789abcdef"
 	dayTwoKeyC = "sk-daytwo-CCCC-0123456789abcdef-longer"
+	dayTwoKeyD = "sk-daytwo-DDDD-0123456789abcdef-longer"
 )
 
 // dayTwoConfig declares agents by name: "probe" makes one request with the
@@ -39,6 +40,20 @@ agent "probe" {
   egress    = "p"
   autostart = false
   command   = ["/usr/local/bin/cage-probe", "http,https://api.example.com/v1/echo,Authorization,Bearer @env:API_KEY@"]
+  secret "api" {
+    source = "/etc/nixcage/secrets/api"
+    env    = "API_KEY"
+    hosts  = ["api.example.com"]
+  }
+}
+`)
+	// holder keeps running and asks api.example.com/v1/holder twice a
+	// second with its placeholder: what the gateway injects is what the
+	// upstream logs.
+	b.WriteString(`agent "holder" {
+  backend = "service"
+  egress  = "p"
+  command = ["/bin/sh", "-c", "while :; do /usr/local/bin/cage-probe 'http,https://api.example.com/v1/holder,Authorization,Bearer @env:API_KEY@' >/dev/null; sleep 0.5; done"]
   secret "api" {
     source = "/etc/nixcage/secrets/api"
     env    = "API_KEY"
@@ -158,6 +173,26 @@ func (d *dayTwo) runProbe(verb string) string {
 	return ""
 }
 
+// waitHolderKey waits until the upstream logs holder's request with key.
+func (d *dayTwo) waitHolderKey(key string) {
+	d.t.Helper()
+	for i := 0; ; i++ {
+		reqs, err := d.in.Requests()
+		if err != nil {
+			d.t.Fatal(err)
+		}
+		for j := len(reqs) - 1; j >= 0 && j >= len(reqs)-20; j-- {
+			if reqs[j].Path == "/v1/holder" && strings.Join(reqs[j].Headers["Authorization"], ",") == "Bearer "+key {
+				return
+			}
+		}
+		if i > 150 {
+			d.t.Fatalf("the upstream never saw holder's request with %s\n%s", key, d.sh("journalctl -b --no-pager -n 40 -u cage-egress@holder -u nixcage-agent@holder"))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 // TestApplyConfigAndRotateSecret is a day-two change on the booted
 // systemd, through caged over the real system bus: one agent removed and one
 // added with `cagectl apply-config` (plan first, then installed), the removed
@@ -197,8 +232,13 @@ func TestApplyConfigAndRotateSecret(t *testing.T) {
 		t.Fatalf("--dry-run stopped gone: %+v", st)
 	}
 
-	out := d.sh("cagectl apply-config /root/cage-v2.hcl")
-	t.Logf("apply-config:\n%s", out)
+	// Then operations.md's day-two block, verbatim, on that file.
+	d.sh("cp /root/cage-v2.hcl /root/cage.hcl")
+	out := d.sh("cd /root && " + docBlock(t, "docs/operations.md", "day-two"))
+	t.Logf("apply-config (docs block):\n%s", out)
+	if !strings.Contains(out, "configuration applied") || !strings.Contains(out, "fresh") {
+		t.Errorf("the documented day-two block did not apply the config:\n%s", out)
+	}
 	for _, u := range []string{systest.AgentUnit("gone"), systest.EgressUnit("gone"), systest.ProxySocket("gone"), systest.DNSSocket("gone"), "nixcage-netns@gone.service"} {
 		if st, _ := d.m.UnitState(d.ctx, u); st.Active == "active" || st.Active == "activating" {
 			t.Errorf("%s of the removed agent is still %s", u, st.Active)
@@ -243,6 +283,27 @@ func TestApplyConfigAndRotateSecret(t *testing.T) {
 	t.Logf("rotate: %s", msg)
 	if got := d.runProbe("start"); got != "Bearer "+dayTwoKeyC {
 		t.Errorf("after `cagectl secret rotate` with a longer key: upstream got %q, want key C", got)
+	}
+	// A running agent: a value of another length needs a new placeholder,
+	// so the cage restarts; one of the same length only restarts the
+	// gateway, and the agent keeps running (same InvocationID).
+	holder := systest.AgentUnit("holder")
+	if msg := d.sh("cagectl secret rotate holder api"); !strings.Contains(msg, "new placeholder") {
+		t.Errorf("rotate holder to a longer key: %s", msg)
+	}
+	d.waitHolderKey(dayTwoKeyC)
+	holderID := d.prop(holder, "InvocationID")
+	gatewayID := d.prop(systest.EgressUnit("holder"), "InvocationID")
+	d.m.MustWriteFile(t, "/etc/nixcage/secrets/api", []byte(dayTwoKeyD+"\n"), 0o600)
+	if msg := d.sh("cagectl secret rotate holder"); !strings.Contains(msg, "keeps its placeholder") {
+		t.Errorf("rotate holder to a key of the same length: %s", msg)
+	}
+	d.waitHolderKey(dayTwoKeyD)
+	if id := d.prop(holder, "InvocationID"); id != holderID {
+		t.Errorf("a same-length rotation restarted the agent (InvocationID %s -> %s)", holderID, id)
+	}
+	if id := d.prop(systest.EgressUnit("holder"), "InvocationID"); id == gatewayID {
+		t.Errorf("the gateway was not restarted by the rotation")
 	}
 	if code, out := d.code("cagectl secret rotate probe nosuch 2>&1"); code != 1 || !strings.Contains(out, "no secret") {
 		t.Errorf("rotate of an undeclared secret: exit %d: %s", code, out)

@@ -138,6 +138,19 @@ func TestRunOnSystemd(t *testing.T) {
 	}
 	assertTornDown(t, sh)
 
+	// Directories caged itself cannot see (its unit has ProtectHome=yes and
+	// PrivateTmp=yes): the caller's descriptor decides, not caged's view.
+	// (tmpfs: ID-mapped mounts need a filesystem that has them.)
+	sh("for d in /tmp/run-ws /home/runner/project; do mkdir -p $d && mount -t tmpfs tmpfs $d && echo from-$d > $d/f; done")
+	for _, dir := range []string{"/tmp/run-ws", "/home/runner/project"} {
+		for _, backend := range []string{"nspawn", "service"} {
+			out, _, code := run("cd " + dir + " && cagectl run --backend " + backend + " -- cat /workspace/f")
+			if code != 0 || !strings.Contains(out, "from-"+dir) {
+				t.Errorf("%s from %s: exit %d, output %q", backend, dir, code, out)
+			}
+		}
+	}
+
 	// The service backend, no workspace, and a command that fails.
 	if _, _, code := run("cagectl run --backend service --no-workspace -- /bin/sh -c 'test ! -e /workspace/job.sh && touch /workspace/x && exit 4'"); code != 4 {
 		t.Errorf("service backend run exited %d, want 4", code)

@@ -30,6 +30,9 @@ func wallChecks(backend string) []string {
 		// Issue 16 items 1-3.
 		"socket,vsock",
 		"socket,packet",
+		// Red team: the host kernel's device events, with a sequence
+		// number that counts the other cages' starts.
+		"socket,uevent",
 		"iouring,inet",
 		"iouring,netlink",
 		"iouring,vsock",
@@ -67,7 +70,7 @@ func TestCageWalls(t *testing.T) {
 
 	// Controls: what this kernel lets the machine's root do. A wall is
 	// only tested where the kernel would otherwise allow the attempt.
-	control := e.runProbe(t, "socket,vsock", "socket,packet", "iouring,inet", "iouring,netlink", "iouring,vsock",
+	control := e.runProbe(t, "socket,vsock", "socket,packet", "socket,uevent", "iouring,inet", "iouring,netlink", "iouring,vsock",
 		"userns,clone", "userns,unshare", "mknod,/run/walls-null")
 
 	e.runAgent(t, neighbour.name)
@@ -226,6 +229,7 @@ func (e *cageEnv) assertWalls(t *testing.T, backend string, got map[string]probe
 	// Issue 16 items 1-3: io_uring, AF_VSOCK, user namespaces.
 	refused("socket,vsock", "AF_VSOCK reaches the hypervisor")
 	refused("socket,packet", "")
+	refused("socket,uevent", "the host kernel's device events and their global sequence number reach the cage")
 	for _, c := range []string{"iouring,inet", "iouring,netlink", "iouring,vsock"} {
 		refused(c, "io_uring bypasses the socket filters")
 	}

@@ -26,6 +26,14 @@ in
         out = machine.succeed("su - mallory -c 'cagectl status'")
         assert "idle" in out, out
 
+    with subtest("day-two verbs say what NixOS does instead"):
+        # The twin of checks/system TestApplyConfigAndRotateSecret: on NixOS
+        # the units belong to the system generation.
+        out = machine.fail("cagectl apply-config /etc/nixcage/nixcage.json 2>&1")
+        assert "nixos-rebuild switch" in out, out
+        out = machine.succeed("cagectl --version && cagectl status")
+        assert "cagectl 0.1.0" in out and "caged 0.1.0" in out, out
+
     with subtest("nobody else may own the name"):
         machine.fail("su - mallory -c 'busctl --system call org.freedesktop.DBus /org/freedesktop/DBus org.freedesktop.DBus RequestName su org.nixcage.cage1 0' | grep -q '^u 1'")
   '';

@@ -1,6 +1,7 @@
-# docs/examples/claude-code.hcl as a NixOS module: Claude Code under the
-# shipped "claude-code" policy, its API key from sops-nix. The secret takes
-# its hosts and header (x-api-key) from the policy's credential block.
+# docs/examples/claude-code.hcl as a NixOS module: Claude Code and Codex
+# under their shipped harnesses (docs/harnesses.md), the API keys from
+# sops-nix. Each secret takes its hosts and header from the policy's
+# credential block and its variable from the harness.
 { config, lib, ... }:
 {
   # sops.secrets.anthropic-api-key = { sopsFile = ./secrets.yaml; };
@@ -9,18 +10,24 @@
 
     agents.claude = {
       backend = "service";
-      command = [ "/nix/tools/bin/claude" "--print" "summarize README.md" ];
-      egress = "claude-code";
+      harness = "claude-code";
+      command = [ "/nix/tools/bin/claude" "--print" "--permission-mode" "bypassPermissions" "summarize README.md" ];
       secrets.anthropic = {
         # config.sops.secrets.anthropic-api-key.path when sops-nix is imported.
         source = lib.attrByPath [ "sops" "secrets" "anthropic-api-key" "path" ] "/run/secrets/anthropic-api-key" config;
-        env = "ANTHROPIC_API_KEY";
       };
       resources = {
         memory = "4G";
         cpu = "200%";
         tasks = 1024;
       };
+    };
+
+    agents.codex = {
+      backend = "service";
+      harness = "codex";
+      command = [ "/nix/tools/bin/codex" "exec" "--skip-git-repo-check" "summarize README.md" ];
+      secrets.openai.source = lib.attrByPath [ "sops" "secrets" "openai-api-key" "path" ] "/run/secrets/openai-api-key" config;
     };
 
     accounts.admins = {

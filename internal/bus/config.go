@@ -75,7 +75,7 @@ func (m *manager) ApplyDir(sender dbus.Sender, dir dbus.UnixFD) (ApplyResult, *d
 	}
 	// The magic link reaches the directory whatever caged's mount
 	// namespace shows at its path.
-	res, err := m.s.be.Apply(context.Background(), fmt.Sprintf("/proc/self/fd/%d", f.Fd()), id.String())
+	res, err := m.s.be.Apply(m.s.progressTo(context.Background(), sender), fmt.Sprintf("/proc/self/fd/%d", f.Fd()), id.String())
 	if err != nil {
 		return ApplyResult{}, fail(err)
 	}

@@ -512,7 +512,7 @@ func (m *manager) Apply(sender dbus.Sender, source string) (ApplyResult, *dbus.E
 	if derr != nil {
 		return ApplyResult{}, derr
 	}
-	res, err := m.s.be.Apply(context.Background(), source, id.String())
+	res, err := m.s.be.Apply(m.s.progressTo(context.Background(), sender), source, id.String())
 	if err != nil {
 		return ApplyResult{}, fail(err)
 	}

@@ -501,6 +501,20 @@ func helper(addr, what string) int {
 		_, _, err = c.Rollback(ctx, 0, false)
 	case "reload":
 		err = c.Reload(ctx)
+	case "apply-config":
+		_, err = c.ApplyConfig(ctx, []bus.ConfigSource{{Name: "c.hcl", Data: []byte("")}}, true)
+	case "apply-dir":
+		var d *os.File
+		if d, err = os.Open("/"); err == nil {
+			_, err = c.ApplyDir(ctx, d)
+			d.Close()
+		}
+	case "rotate-alpha":
+		_, err = c.RotateSecret(ctx, "alpha", "", false)
+	case "rotate-beta":
+		_, err = c.RotateSecret(ctx, "beta-2", "", false)
+	case "logs-alpha":
+		_, _, err = c.ReadLogs(ctx, "alpha", 10, "")
 	}
 	if err != nil {
 		fmt.Println(errName(err))
@@ -590,6 +604,14 @@ func TestAuthorizationByRealUID(t *testing.T) {
 		{"operator is refused rollback", uidOperator, "rollback", denied},
 		{"operator is refused reload", uidOperator, "reload", denied},
 		{"stranger is refused rollback", uidStranger, "rollback", denied},
+		{"operator is refused apply-config", uidOperator, "apply-config", denied},
+		{"viewer is refused apply-config", uidViewer, "apply-config", denied},
+		{"operator is refused ApplyDir", uidOperator, "apply-dir", denied},
+		{"viewer is refused secret rotation", uidViewer, "rotate-alpha", denied},
+		{"operator rotates a secret in scope", uidOperator, "rotate-alpha", "ok"},
+		{"operator is refused rotation out of scope", uidOperator, "rotate-beta", denied},
+		{"viewer reads logs", uidViewer, "logs-alpha", "ok"},
+		{"stranger is refused logs", uidStranger, "logs-alpha", denied},
 		{"only root may own the name", uidOperator, "own", "org.freedesktop.DBus.Error.AccessDenied"},
 	}
 	for _, c := range cases {
@@ -600,7 +622,8 @@ func TestAuthorizationByRealUID(t *testing.T) {
 		})
 	}
 	calls := h.be.Calls()
-	want := []string{"audit alpha 0 10", "kill alpha by otto (uid 33)", `quarantine alpha "test" by otto (uid 33)`}
+	want := []string{"audit alpha 0 10", "kill alpha by otto (uid 33)", `quarantine alpha "test" by otto (uid 33)`,
+		`rotate alpha "" false by otto (uid 33)`, `logs alpha 10 ""`}
 	if !slices.Equal(calls, want) {
 		t.Errorf("backend saw %q, want only %q", calls, want)
 	}

@@ -49,10 +49,7 @@ func runApply(ctx context.Context, env *Env, args []string) error {
 		return usageError("usage: cagectl apply DIR|URL --offline --store ROOT --channel C --key PUB")
 	}
 	if !sf.offline {
-		if *verbose {
-			fmt.Fprintln(env.Err, "cagectl: note: -v timings and progress are shown for --offline applies only; through caged, apply reports when it is done")
-		}
-		return applyViaCaged(ctx, env, *addr, pos[0])
+		return applyViaCaged(ctx, env, *addr, pos[0], *verbose)
 	}
 	if sf.channel == "" || len(sf.keys) == 0 {
 		return usageError("apply --offline needs --channel and at least one --key (the store.channel and store.keys settings)")
@@ -125,7 +122,7 @@ func runRollback(ctx context.Context, env *Env, args []string) error {
 // applyViaCaged asks caged to apply; it checks the caller is an admin. A
 // local directory is opened here and handed over as a descriptor, so caged's
 // sandbox (ProtectHome=, PrivateTmp=) does not decide which paths work.
-func applyViaCaged(ctx context.Context, env *Env, addr, src string) error {
+func applyViaCaged(ctx context.Context, env *Env, addr, src string, verbose bool) error {
 	var dir *os.File
 	if !strings.Contains(src, "://") {
 		f, err := os.OpenFile(src, os.O_RDONLY|unix.O_DIRECTORY, 0)
@@ -140,15 +137,48 @@ func applyViaCaged(ctx context.Context, env *Env, addr, src string) error {
 		return noCaged("apply", err)
 	}
 	defer c.Close()
+	// caged addresses its progress to this connection: a progress line on
+	// a terminal, and with -v the time each phase took (measured here).
+	var pp *progressPrinter
+	if isTerminal(env.Err) {
+		pp = &progressPrinter{w: env.Err}
+	}
+	var phases []store.Phase
+	phase, since := "", time.Now()
+	stop := c.WatchApplyProgress(func(p bus.ApplyProgress) {
+		if pp != nil {
+			pp.update(store.Progress{Phase: p.Phase, Done: int(p.Done), Total: int(p.Total), Bytes: p.Bytes, TotalBytes: p.TotalBytes})
+		}
+		if p.Phase != phase {
+			if phase != "" {
+				phases = append(phases, store.Phase{Name: phase, Duration: time.Since(since)})
+			}
+			phase, since = p.Phase, time.Now()
+		}
+	})
 	var res *bus.ApplyResult
 	if dir != nil {
 		res, err = c.ApplyDir(ctx, dir)
 	} else {
 		res, err = c.Apply(ctx, src)
 	}
+	stop()
+	if pp != nil {
+		pp.done()
+	}
 	if err != nil {
 		return noCaged("apply", busError(err))
 	}
+	if phase != "" {
+		phases = append(phases, store.Phase{Name: phase, Duration: time.Since(since)})
+	}
+	defer func() {
+		if verbose {
+			for _, p := range phases {
+				fmt.Fprintf(env.Out, "  %-16s %v\n", p.Name, p.Duration.Round(time.Millisecond))
+			}
+		}
+	}()
 	printWarnings(env, res.Warnings)
 	fmt.Fprintf(env.Out, "generation %d (channel %s) is current, was %d: %s; %d paths added (%s), %d reused\n",
 		res.Generation, res.Channel, res.Previous, res.Top, res.Added, mib(res.Bytes), res.Reused)

@@ -125,27 +125,31 @@ func runAudit(ctx context.Context, env *Env, args []string) error {
 	// Root reads the logs directly; everyone else asks caged (viewer role).
 	var c *bus.Client
 	direct := os.Geteuid() == 0
-	if direct && len(agents) == 0 {
-		dirs, _ := os.ReadDir(filepath.Dir(paths.AuditDir("x")))
-		for _, d := range dirs {
-			if d.IsDir() && agentNameRE.MatchString(d.Name()) {
-				agents = append(agents, d.Name())
+	if len(agents) == 0 {
+		// All agents: the declared ones, as caged knows them; root without
+		// caged gets every agent that has a log.
+		var st *bus.Status
+		c, err = dialCaged(ctx, *addr)
+		if err == nil {
+			defer c.Close()
+			if st, err = c.Status(ctx); err != nil {
+				err = busError(err)
 			}
 		}
-	}
-	if !direct || len(agents) == 0 {
-		if c, err = dialCaged(ctx, *addr); err != nil {
+		switch {
+		case err == nil:
+			for _, a := range st.Agents {
+				agents = append(agents, a.Name)
+			}
+		case direct:
+			dirs, _ := os.ReadDir(filepath.Dir(paths.AuditDir("x")))
+			for _, d := range dirs {
+				if d.IsDir() && agentNameRE.MatchString(d.Name()) {
+					agents = append(agents, d.Name())
+				}
+			}
+		default:
 			return err
-		}
-		defer c.Close()
-	}
-	if len(agents) == 0 {
-		st, err := c.Status(ctx)
-		if err != nil {
-			return busError(err)
-		}
-		for _, a := range st.Agents {
-			agents = append(agents, a.Name)
 		}
 	}
 	srcs := make([]auditSource, len(agents))

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -401,7 +402,13 @@ store {
 			break
 		}
 	}
-	mustRun(t, "apply", rel2, "--bus", addr)
+	// -v through caged: the phases caged reported to this caller, timed.
+	out = mustRun(t, "apply", rel2, "-v", "--bus", addr)
+	for _, phase := range []string{"verify", "unpack", "switch"} {
+		if !regexp.MustCompile(`(?m)^  ` + phase + ` +[0-9.]+[µm]?s$`).MatchString(out) {
+			t.Errorf("apply -v through caged lacks the %s phase:\n%s", phase, out)
+		}
+	}
 	st, err := cl.Status(ctx)
 	if err != nil || st.Generation != 2 || st.Channel != "stable" {
 		t.Fatalf("status after apply: %+v %v", st, err)

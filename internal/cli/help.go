@@ -25,7 +25,7 @@ type helpText struct {
 
 var help = map[string]helpText{
 	"apply": {
-		long: "Through caged (admin role) unless --offline: the release is verified (signatures against the store's keys, generation, expiry, channel, every NAR re-hashed) before it becomes the current generation. Running agents keep their generation until restarted. cagectl reads a local DIR itself and hands caged a copy only if caged cannot see it (caged runs with ProtectHome= and PrivateTmp=).",
+		long: "Through caged (admin role) unless --offline: the release is verified (signatures against the store's keys, generation, expiry, channel, every NAR re-hashed) before it becomes the current generation. Running agents keep their generation until restarted. A local DIR is opened by cagectl and handed to caged as a descriptor, so any directory the caller can read works (caged itself runs with ProtectHome= and PrivateTmp=). On a terminal a progress line is drawn; -v prints how long each phase took.",
 		examples: []string{
 			"cagectl apply /var/lib/nixcage/incoming/release-42",
 			"cagectl apply https://releases.example.com/stable/42",

@@ -50,8 +50,8 @@ func parseRun(env *Env, args []string) (*runSpec, error) {
 	policy := fs.String("policy", "", "egress policy `NAME` (declared in caged's config or shipped: claude-code, codex, github, none)")
 	var allow, secrets, binds listFlag
 	fs.Var(&allow, "allow", "allow egress to `HOST` (repeat; instead of --policy)")
-	fs.Var(&secrets, "secret", "`NAME[:ENV]=FILE`: the gateway holds FILE's value, the cage sees a placeholder in ENV (default NAME_API_KEY, upper case)")
-	fs.Var(&binds, "bind", "`DIR[:ro]`: also mount DIR in the cage, at /mnt/BASENAME (repeat)")
+	fs.Var(&secrets, "secret", "`NAME[:ENV]=FILE` the gateway holds FILE's value for the policy's credential NAME; the cage sees a placeholder in ENV (default NAME_API_KEY, upper case); repeat")
+	fs.Var(&binds, "bind", "also mount `DIR[:ro]` in the cage at /mnt/BASENAME (:ro read-only); repeat")
 	backend := fs.String("backend", "nspawn", "service or nspawn (nspawn: own PID namespace, and files written in /workspace are yours)")
 	name := fs.String("name", "", "the cage's `NAME` (default: run-XXXXXXXX)")
 	workspace := fs.String("workspace", "", "bind `DIR` read-write at /workspace instead of the current directory")

@@ -33,6 +33,9 @@ func Canonical(cfg *Config) ([]byte, error) {
 		if a.Image != "" {
 			m["image"] = a.Image
 		}
+		if a.Harness != "" {
+			m["harness"] = a.Harness
+		}
 		if a.InlinePolicy {
 			m["egress_policy"] = canonPolicy(a.Policy)
 		} else {

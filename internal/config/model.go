@@ -37,9 +37,13 @@ type Agent struct {
 	Workspace   string
 	Tools       string // tool profile; "" means the store's current generation
 	Image       string // podman only; "" means a rootfs built from the host's /usr
-	Autostart   bool
-	Resources   Resources
-	Policy      policy.Policy // resolved; Policy.Name is the policy's name
+	// Harness names the shipped scaffold (package harness) the agent runs
+	// under, "" for none. Its policy, secret variable and environment are
+	// already folded into the fields here; render adds its files.
+	Harness   string
+	Autostart bool
+	Resources Resources
+	Policy    policy.Policy // resolved; Policy.Name is the policy's name
 	// InlinePolicy is set when the policy was declared inside the agent.
 	InlinePolicy bool
 	Secrets      []Secret

@@ -35,6 +35,7 @@ type agentV1 struct {
 	Tools       *string           `hcl:"tools,optional"`
 	Image       *string           `hcl:"image,optional"`
 	Egress      *string           `hcl:"egress,optional"`
+	Harness     *string           `hcl:"harness,optional"`
 	Autostart   *bool             `hcl:"autostart,optional"`
 	Inline      []policyV1        `hcl:"egress_policy,block"`
 	Resources   []resourcesV1     `hcl:"resources,block"`
@@ -52,7 +53,7 @@ type secretV1 struct {
 	Body   hcl.Body `hcl:",body"`
 	Name   string   `hcl:"name,label"`
 	Source string   `hcl:"source"`
-	Env    string   `hcl:"env"`
+	Env    *string  `hcl:"env,optional"` // optional where the agent's harness names it
 	Hosts  []string `hcl:"hosts,optional"`
 	Header *string  `hcl:"header,optional"`
 }

@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"github.com/nixcage/nixcage/internal/harness"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -304,6 +305,21 @@ func (v *validator) agent(a *agentV1) *Agent {
 			v.errorf(at(a.Body, "environment"), "Invalid environment value", "agent %q: the value of %s contains a newline or NUL byte.", a.Name, k)
 		}
 	}
+	var h *harness.Harness
+	if a.Harness != nil {
+		if hv, ok := harness.Lookup(*a.Harness); ok {
+			h = &hv
+			ag.Harness = hv.Name
+			// The scaffold's environment goes under the agent's own.
+			for k, val := range hv.Environment {
+				if _, set := ag.Environment[k]; !set {
+					ag.Environment[k] = val
+				}
+			}
+		} else {
+			v.errorf(at(a.Body, "harness"), "Unknown harness", "agent %q: harness = %q is not a shipped harness; use one of: %s (docs/harnesses.md).", a.Name, *a.Harness, strings.Join(harness.Names(), ", "))
+		}
+	}
 	if a.Workspace != nil {
 		if v.checkAbsPath(at(a.Body, "workspace"), "workspace", *a.Workspace) {
 			ag.Workspace = *a.Workspace
@@ -377,6 +393,8 @@ func (v *validator) agent(a *agentV1) *Agent {
 		name := DefaultPolicy
 		if a.Egress != nil {
 			name = *a.Egress
+		} else if h != nil {
+			name = h.Policy
 		}
 		rp = v.lookupPolicy(at(a.Body, "egress"), a.Name, name)
 	}
@@ -392,9 +410,12 @@ func (v *validator) agent(a *agentV1) *Agent {
 	}
 	seenSecret := map[string]bool{}
 	for i := range a.Secrets {
-		if s := v.secret(a.Name, &a.Secrets[i], rp, envs, seenSecret); s != nil {
+		if s := v.secret(a.Name, &a.Secrets[i], rp, h, envs, seenSecret); s != nil {
 			ag.Secrets = append(ag.Secrets, *s)
 		}
+	}
+	if h != nil && !seenSecret[h.Secret] {
+		v.errorf(at(a.Body, "harness"), "Harness without its key", "agent %q: harness %q needs its API key, held by the gateway: add secret %q { source = \"/run/secrets/%s\" } (the cage sees a placeholder in %s).", a.Name, h.Name, h.Secret, h.Secret, h.Env)
 	}
 	return ag
 }
@@ -424,7 +445,7 @@ func (v *validator) lookupPolicy(rng hcl.Range, agent, name string) *resolvedPol
 	return rp
 }
 
-func (v *validator) secret(agent string, s *secretV1, rp *resolvedPolicy, envs map[string]string, seen map[string]bool) *Secret {
+func (v *validator) secret(agent string, s *secretV1, rp *resolvedPolicy, h *harness.Harness, envs map[string]string, seen map[string]bool) *Secret {
 	rng := block(s.Body)
 	if !secretNameRE.MatchString(s.Name) {
 		v.errorf(rng, "Invalid secret name", "agent %q: secret %q: names are 1-64 characters of a-z, 0-9, '_' and '-', starting with a letter.", agent, s.Name)
@@ -435,16 +456,29 @@ func (v *validator) secret(agent string, s *secretV1, rp *resolvedPolicy, envs m
 		return nil
 	}
 	seen[s.Name] = true
-	out := &Secret{Name: s.Name, Source: s.Source, Env: s.Env, Hosts: s.Hosts, Header: DefaultSecretHeader}
-	v.checkAbsPath(at(s.Body, "source"), "secret source", s.Source)
-	if !envNameRE.MatchString(s.Env) {
-		v.errorf(at(s.Body, "env"), "Invalid environment variable", "agent %q: secret %q: env = %q is not a variable name.", agent, s.Name, s.Env)
-	} else if reservedEnv[s.Env] {
-		v.errorf(at(s.Body, "env"), "Reserved environment variable", "agent %q: secret %q: %s is set by the cage itself. Pick another variable.", agent, s.Name, s.Env)
-	} else if where, clash := envs[s.Env]; clash {
-		v.errorf(at(s.Body, "env"), "Environment variable set twice", "agent %q: secret %q sets %s, which %s sets too. Remove one.", agent, s.Name, s.Env, where)
+	out := &Secret{Name: s.Name, Source: s.Source, Hosts: s.Hosts, Header: DefaultSecretHeader}
+	switch {
+	case s.Env != nil:
+		out.Env = *s.Env
+	case h != nil && h.Secret == s.Name:
+		out.Env = h.Env // the variable the harness's CLI really reads
+	default:
+		hint := ""
+		if h != nil {
+			hint = fmt.Sprintf(" (harness %q fills it in only for its own secret %q)", h.Name, h.Secret)
+		}
+		v.errorf(block(s.Body), "Secret without a variable", "agent %q: secret %q: add env = \"API_KEY\", the variable in which the cage sees the placeholder%s.", agent, s.Name, hint)
+		return nil
 	}
-	envs[s.Env] = fmt.Sprintf("secret %q", s.Name)
+	v.checkAbsPath(at(s.Body, "source"), "secret source", s.Source)
+	if !envNameRE.MatchString(out.Env) {
+		v.errorf(at(s.Body, "env"), "Invalid environment variable", "agent %q: secret %q: env = %q is not a variable name.", agent, s.Name, out.Env)
+	} else if reservedEnv[out.Env] {
+		v.errorf(at(s.Body, "env"), "Reserved environment variable", "agent %q: secret %q: %s is set by the cage itself. Pick another variable.", agent, s.Name, out.Env)
+	} else if where, clash := envs[out.Env]; clash {
+		v.errorf(at(s.Body, "env"), "Environment variable set twice", "agent %q: secret %q sets %s, which %s sets too. Remove one.", agent, s.Name, out.Env, where)
+	}
+	envs[out.Env] = fmt.Sprintf("secret %q", s.Name)
 
 	binding, bound := rp.credentials[s.Name]
 	if len(out.Hosts) == 0 && bound {

@@ -327,7 +327,7 @@ func (d *Daemon) ReadAudit(ctx context.Context, agent string, offset int64, max 
 }
 
 // openStore opens the shared store as the config declares it.
-func (d *Daemon) openStore(readOnly bool) (*store.Store, error) {
+func (d *Daemon) openStore(readOnly bool, progress ...func(store.Progress)) (*store.Store, error) {
 	sc := d.config().Store
 	if sc == nil {
 		return nil, errNoStore
@@ -347,11 +347,15 @@ func (d *Daemon) openStore(readOnly bool) (*store.Store, error) {
 	for i, k := range sc.RootKeys {
 		rootKeys[i] = d.qdirs.Host(k)
 	}
-	return store.Open(store.Options{
+	o := store.Options{
 		Root: d.qdirs.Host(sc.Root), Channel: sc.Channel, TrustedKeys: keys, NixPublicKeys: sc.NixKeys,
 		Threshold: sc.Threshold, Keep: sc.Generations, Logger: d.log, ReadOnly: readOnly,
 		ExpiryWarning: sc.ExpiryWarning, RootKeyFiles: rootKeys, RootThreshold: sc.RootThreshold,
-	})
+	}
+	if len(progress) > 0 {
+		o.Progress = progress[0]
+	}
+	return store.Open(o)
 }
 
 // storeCurrent is the generation in use and its channel (0, "" if none).
@@ -389,7 +393,13 @@ func (d *Daemon) storeFreshness() store.Freshness {
 func (d *Daemon) Apply(ctx context.Context, source, by string) (*bus.ApplyResult, error) {
 	d.op.Lock()
 	defer d.op.Unlock()
-	s, err := d.openStore(false)
+	var progress func(store.Progress)
+	if f := bus.ProgressFrom(ctx); f != nil { // the caller sees how far it is
+		progress = func(p store.Progress) {
+			f(bus.ApplyProgress{Phase: p.Phase, Done: uint64(p.Done), Total: uint64(p.Total), Bytes: p.Bytes, TotalBytes: p.TotalBytes})
+		}
+	}
+	s, err := d.openStore(false, progress)
 	if err != nil {
 		return nil, err
 	}

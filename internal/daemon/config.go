@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/nixcage/nixcage/internal/bus"
 	"github.com/nixcage/nixcage/internal/config"
@@ -61,12 +62,23 @@ func (d *Daemon) ApplyConfig(ctx context.Context, srcs []bus.ConfigSource, dryRu
 		return nil, err
 	}
 	if err := writeAtomic(d.qdirs.Host(d.o.Config), canon); err != nil {
+		if errors.Is(err, syscall.EROFS) {
+			return nil, fmt.Errorf("install config: %w: caged's unit does not let it write /etc (an install from before apply-config); reinstall systemd/system/%s from `cagectl render` into /etc/systemd/system, then systemctl daemon-reload && systemctl restart %s", err, paths.CagedUnit, paths.CagedUnit)
+		}
 		return nil, fmt.Errorf("install config: %w", err)
 	}
 	d.mu.Lock()
 	d.cfg = cfg
 	d.mu.Unlock()
 	res, err := rec.Apply(ctx, cfg)
+	if err != nil {
+		// A start that failed for a missing secret source says which.
+		var hints string
+		for _, a := range cfg.Agents {
+			hints += d.secretHint(ctx, a)
+		}
+		err = fmt.Errorf("%w%s", err, hints)
+	}
 	d.recordReconcile(ctx, res, err)
 	d.publishAgents(ctx)
 	gen, channel := d.storeCurrent()

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 
@@ -164,7 +165,14 @@ func (h Host) Netns(ctx context.Context, ip string) Finding {
 // installed where the system bus reads it.
 func (h Host) BusPolicy() Finding {
 	f := Finding{Check: "bus policy"}
-	for _, d := range []string{"/etc/dbus-1/system.d", "/usr/share/dbus-1/system.d", "/run/current-system/sw/share/dbus-1/system.d"} {
+	dirs := []string{"/etc/dbus-1/system.d", "/usr/share/dbus-1/system.d"}
+	// NixOS (and any distribution) may add directories in system.conf.
+	if b, err := os.ReadFile(h.path("/etc/dbus-1/system.conf")); err == nil {
+		for _, m := range includeDir.FindAllSubmatch(b, -1) {
+			dirs = append(dirs, strings.TrimSpace(string(m[1])))
+		}
+	}
+	for _, d := range dirs {
 		p := filepath.Join(d, paths.BusName+".conf")
 		if _, err := os.Stat(h.path(p)); err == nil {
 			f.Level, f.Detail = OK, p
@@ -175,6 +183,8 @@ func (h Host) BusPolicy() Finding {
 	f.Fix = "install dbus-1/system.d/" + paths.BusName + ".conf from `cagectl render` into /etc/dbus-1/system.d/ and run `systemctl reload dbus`"
 	return f
 }
+
+var includeDir = regexp.MustCompile(`<includedir>([^<]+)</includedir>`)
 
 // Store checks the shared store's root: owned by root, writable by root
 // only (a cage binds it read-only; anyone else writing it could change
@@ -269,6 +279,10 @@ func (h Host) program(check, p, fix string) Finding {
 // files of agents cfg does not declare.
 func (h Host) Units(cfg *config.Config, o render.Options) Finding {
 	f := Finding{Check: "units installed vs declared"}
+	if _, err := os.Stat(h.path("/etc/NIXOS")); err == nil {
+		f.Level, f.Detail = Skip, "NixOS: the units are part of the system generation (nixos-rebuild switch installs them)"
+		return f
+	}
 	files, err := render.Render(cfg, o)
 	if err != nil {
 		f.Level, f.Detail = Fail, err.Error()

@@ -128,4 +128,14 @@ func TestBusPolicy(t *testing.T) {
 	if f := h.BusPolicy(); f.Level != OK {
 		t.Errorf("policy installed: %+v", f)
 	}
+	// NixOS: the policy lives in a store directory system.conf includes.
+	h = Host{Root: t.TempDir()}
+	store := "/nix/store/x-nixcage-rendered/etc/dbus-1/system.d"
+	os.MkdirAll(filepath.Join(h.Root, store), 0o755)
+	os.WriteFile(filepath.Join(h.Root, store, "org.nixcage.cage1.conf"), []byte("<busconfig/>"), 0o644)
+	os.MkdirAll(filepath.Join(h.Root, "etc/dbus-1"), 0o755)
+	os.WriteFile(filepath.Join(h.Root, "etc/dbus-1/system.conf"), []byte("<busconfig><includedir>"+store+"</includedir></busconfig>"), 0o644)
+	if f := h.BusPolicy(); f.Level != OK || !strings.Contains(f.Detail, store) {
+		t.Errorf("policy in an included directory: %+v", f)
+	}
 }

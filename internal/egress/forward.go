@@ -276,6 +276,13 @@ func outbound(r *http.Request, t *target, scheme string, body *bodyStream) *http
 	}
 	if t.st.bound(t.host) {
 		out.Header.Set("Accept-Encoding", "identity")
+		// A range is a piece of a body: a key echoed in a body served with
+		// Range support would come back 20 bytes at a time, no piece a whole
+		// form for the redactor to find, and the agent would put the pieces
+		// together. The upstream sends the whole body (RFC 9110 lets a
+		// server ignore Range; clients handle the 200).
+		out.Header.Del("Range")
+		out.Header.Del("If-Range")
 	}
 	return out.WithContext(ctxWithDst(r.Context(), t))
 }
@@ -367,7 +374,10 @@ func (b *bodyStream) pull() error {
 			b.out = b.ins.Write(b.buf[:n])
 		}
 		if err == io.EOF {
-			b.out = append(b.out, b.ins.Close()...)
+			// What Write released is valid only until the next call, and
+			// Close compacts the same buffer: copy it first, or the last
+			// read's bytes are overwritten by what Close moves down.
+			b.out = append(append([]byte(nil), b.out...), b.ins.Close()...)
 			b.eof = true
 		} else if err != nil {
 			return err

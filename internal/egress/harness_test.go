@@ -151,6 +151,12 @@ func (u *upstream) handler(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	switch r.URL.Path {
+	case "/ranged": // the key echoed in a body served with Range support
+		u.mu.Lock()
+		u.last = &seen{Proto: r.Proto, Host: r.Host, Header: r.Header.Clone(), Path: r.URL.Path}
+		u.mu.Unlock()
+		http.ServeContent(w, r, "", time.Time{}, strings.NewReader("your key: "+r.Header.Get("X-Api-Key")+"\n"))
+		return
 	case "/sink": // counts a request body without holding it
 		n, _ := io.Copy(io.Discard, r.Body)
 		fmt.Fprintf(w, "%d\n", n)

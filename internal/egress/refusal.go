@@ -4,10 +4,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/nixcage/nixcage/internal/egress/audit"
+	"github.com/nixcage/nixcage/internal/egress/redact"
 )
 
 // A refusal says which rule refused and what the operator can change, so an
@@ -91,6 +93,7 @@ func fixFor(rule string) string {
 
 // refuse writes a refusal the agent can read and audits it.
 func (g *Gateway) refuse(w http.ResponseWriter, r *http.Request, rec audit.Record, b *blockedErr, start time.Time) {
+	b = g.redactReason(b, &rec)
 	rec.Decision, rec.Reason, rec.Rule = audit.Blocked, b.reason, b.rule
 	rec.DurationMS = time.Since(start).Milliseconds()
 	g.logAudit(rec)
@@ -129,4 +132,31 @@ func writeDenial(w http.ResponseWriter, r *http.Request, b *blockedErr) {
 	h.Set("Content-Type", "text/plain; charset=utf-8")
 	w.WriteHeader(b.status)
 	fmt.Fprintln(w, line)
+}
+
+// redactReason passes a refusal's reason through the redact stage's
+// matcher: a reason can quote what a secret-bound upstream sent (Go's
+// transport quotes a malformed header line, a bad Content-Length or
+// Transfer-Encoding), and the refusal body goes to the agent, so without
+// this a real value echoed into a malformed response reached the cage in
+// clear (red team, issue 11 item 1). The audit gets the redacted text too.
+func (g *Gateway) redactReason(b *blockedErr, rec *audit.Record) *blockedErr {
+	st := g.st.Load()
+	if st == nil || st.redact == nil {
+		return b
+	}
+	var res redact.Result
+	reason := st.redact.String(b.reason, &res)
+	if len(res.Redacted) == 0 {
+		return b
+	}
+	nb := *b
+	nb.reason = reason
+	for name := range res.Redacted {
+		if !slices.Contains(rec.SecretsRedacted, name) {
+			rec.SecretsRedacted = append(rec.SecretsRedacted, name)
+		}
+	}
+	slices.Sort(rec.SecretsRedacted)
+	return &nb
 }

@@ -12,11 +12,13 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"testing/iotest"
 
 	"github.com/nixcage/nixcage/internal/egress/inspect"
 	"github.com/nixcage/nixcage/internal/egress/redact"
@@ -155,6 +157,25 @@ func TestStageInspectBody(t *testing.T) {
 		}
 		if bytes.Contains(sent, []byte(realAnthropic[:20])) || int64(len(sent)) != b.sent() || len(sent) < len(clean)-8192 {
 			t.Fatalf("sent %d bytes (of %d clean), offending bytes included: %v", len(sent), len(clean), bytes.Contains(sent, []byte(realAnthropic[:20])))
+		}
+	})
+	// A source that hands its last bytes together with io.EOF (as a TLS
+	// body can): what Write released must survive the Close after it.
+	// Found by checks/system with Claude Code, whose 50 KB requests
+	// arrived with a chunk replaced by later bytes.
+	t.Run("last read with EOF keeps every byte", func(t *testing.T) {
+		body := make([]byte, 0, 120<<10)
+		for i := 0; len(body) < 120<<10; i++ {
+			body = fmt.Appendf(body, "line %06d of a long clean request body\n", i)
+		}
+		r := httptest.NewRequest("POST", "https://other.example.com/up", iotest.DataErrReader(bytes.NewReader(body)))
+		b, blk := inspectBody(st, stageTarget(st, "other.example.com"), r)
+		if blk != nil || b.prime() != nil {
+			t.Fatalf("blocked: %v", blk)
+		}
+		sent, err := io.ReadAll(b)
+		if err != nil || !bytes.Equal(sent, body) {
+			t.Fatalf("sent %d bytes (err %v), want the %d bytes of the body unchanged", len(sent), err, len(body))
 		}
 	})
 	t.Run("small body decided before sending", func(t *testing.T) {

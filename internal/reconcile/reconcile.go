@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -218,6 +219,13 @@ func (r *Reconciler) planRender(cfg *config.Config) (*renderPlan, error) {
 		us := AgentUnits(a)
 		for i := len(us) - 1; i >= 0; i-- {
 			p.Stop = append(p.Stop, us[i])
+		}
+	}
+	// Other units whose file goes (an agent's workspace mount, named after
+	// its path) stop after the agents that needed them.
+	for _, f := range p.Remove {
+		if u, ok := strings.CutPrefix(f, "systemd/system/"); ok && !strings.Contains(u, "/") && !strings.Contains(u, "@.") && !slices.Contains(p.Stop, u) {
+			p.Stop = append(p.Stop, u)
 		}
 	}
 	p.Write = render.Diff(dir, files)

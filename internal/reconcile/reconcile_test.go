@@ -322,7 +322,7 @@ agent "alpha" {
   command = ["/bin/sleep", "infinity"]
 }
 agent "gamma" {
-  backend = "service"
+  backend = "nspawn"
   command = ["/bin/sleep", "infinity"]
 }
 `)
@@ -362,6 +362,9 @@ agent "delta" {
 	}
 	if len(p.Restart) != 0 || !slices.Equal(p.Start, []string{agentD}) || !slices.Contains(p.Stop, agentG) {
 		t.Errorf("plan units: restart %q start %q stop %q", p.Restart, p.Start, p.Stop)
+	}
+	if !slices.Contains(p.Stop, "var-lib-nixcage-agents-gamma.mount") || slices.Index(p.Stop, "var-lib-nixcage-agents-gamma.mount") < slices.Index(p.Stop, agentG) {
+		t.Errorf("plan does not stop gamma's workspace mount after gamma: %q", p.Stop)
 	}
 	if !slices.Contains(p.Remove, "systemd/system/"+paths.TargetUnit+".wants/"+agentG) {
 		t.Errorf("plan does not remove gamma's autostart link: %q", p.Remove)

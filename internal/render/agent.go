@@ -2,6 +2,7 @@ package render
 
 import (
 	"fmt"
+	"github.com/nixcage/nixcage/internal/harness"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -51,6 +52,9 @@ func (r *renderer) agent(a *config.Agent) error {
 		return err
 	}
 	r.add(filepath.Join(strings.TrimPrefix(paths.ConfigDir("/", a.Name), "/"), "egress.json"), 0o644, doc)
+	for _, f := range harnessFiles(a) {
+		r.add(filepath.Join(strings.TrimPrefix(paths.ConfigDir("/", a.Name), "/"), f.rel), 0o644, []byte(f.text))
+	}
 
 	if len(a.Secrets) > 0 {
 		// The same credentials reach the prepare step (to size the
@@ -179,11 +183,36 @@ func cageEnv(a *config.Agent) [][2]string {
 	return env
 }
 
+// harnessFile is one file of an agent's harness scaffold: rendered under
+// the agent's config directory (rel), bound read-only at cage in the cage.
+type harnessFile struct{ rel, cage, text string }
+
+// harnessFiles are the scaffold's files (package harness), sorted by path.
+// They are bound outside the workspace, read-only: the agent reads them and
+// cannot change what its CLI is told at the next start.
+func harnessFiles(a *config.Agent) []harnessFile {
+	h, ok := harness.Lookup(a.Harness)
+	if !ok {
+		return nil
+	}
+	var out []harnessFile
+	for p, text := range h.RenderedFiles() {
+		rel := "harness/" + strings.ReplaceAll(strings.TrimPrefix(p, "/"), "/", "_")
+		out = append(out, harnessFile{rel: rel, cage: p, text: text})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].cage < out[j].cage })
+	return out
+}
+
 // cageBinds are (source, destination, optional) read-only mounts.
 func (r *renderer) cageBinds(a *config.Agent) [][3]string {
 	state := paths.EgressState(a.Name)
 	store := r.storeRoot()
-	return [][3]string{
+	var files [][3]string
+	for _, f := range harnessFiles(a) {
+		files = append(files, [3]string{filepath.Join(r.o.Prefix, paths.ConfigDir("/", a.Name), f.rel), f.cage, ""})
+	}
+	return append(files, [][3]string{
 		{filepath.Join(paths.Runtime(a.Name), "resolv.conf"), "/etc/resolv.conf", ""},
 		{filepath.Join(state, paths.CACertFile), paths.CageCACert, ""},
 		{filepath.Join(state, paths.CABundleFile), cageBundle, ""},
@@ -194,7 +223,7 @@ func (r *renderer) cageBinds(a *config.Agent) [][3]string {
 		// host when the cage starts: a switch of current never changes a
 		// running cage's tools under it, a restart picks the new ones up.
 		{filepath.Join(store, "current", "top"), paths.CageTools, "-"},
-	}
+	}...)
 }
 
 func stateDir(ws string) string { return strings.TrimPrefix(ws, "/var/lib/") }

@@ -12,6 +12,11 @@
 //     a filter cannot read, with ENOSYS so that libc falls back to clone;
 //   - sockets other than AF_UNIX, AF_INET, AF_INET6 and AF_NETLINK: AF_VSOCK
 //     is not network-namespaced and reaches the hypervisor of a VM host;
+//   - netlink protocols other than NETLINK_ROUTE and NETLINK_SOCK_DIAG (the
+//     cage's own interfaces and sockets): NETLINK_KOBJECT_UEVENT delivers
+//     the host kernel's device events to every network namespace the
+//     host's root made, the cage's included, with a global sequence number
+//     that counts every other cage's start (red team, issue 21 item 4);
 //   - fchmodat2(2) with a setuid or setgid bit: the units' RestrictSUIDSGID=
 //     (systemd 252) predates that call (Linux 6.6) and does not see it;
 //   - foreign-ABI system calls (x32, 32-bit compat), which would reach the
@@ -42,6 +47,11 @@ const (
 
 // Families are the socket address families a cage may open.
 var Families = []int{unix.AF_UNIX, unix.AF_INET, unix.AF_INET6, unix.AF_NETLINK}
+
+// NetlinkProtocols are the AF_NETLINK protocols a cage may open: its
+// interfaces and addresses (getifaddrs, getaddrinfo's AI_ADDRCONFIG) and
+// its sockets (ss), both of its own network namespace only.
+var NetlinkProtocols = []int{unix.NETLINK_ROUTE, unix.NETLINK_SOCK_DIAG}
 
 // Offsets into struct seccomp_data.
 const (
@@ -93,9 +103,20 @@ func Program() ([]unix.SockFilter, error) {
 	a.label("socket")
 	a.ld(offArg0)
 	for _, f := range Families {
+		if f == unix.AF_NETLINK {
+			a.jeq(uint32(f), "netlink")
+			continue
+		}
 		a.jeq(uint32(f), "allow")
 	}
 	a.ret(retErrno(unix.EAFNOSUPPORT))
+
+	a.label("netlink")
+	a.ld(offArg2)
+	for _, p := range NetlinkProtocols {
+		a.jeq(uint32(p), "allow")
+	}
+	a.ret(retErrno(unix.EPROTONOSUPPORT))
 
 	a.label("allow")
 	a.ret(unix.SECCOMP_RET_ALLOW)

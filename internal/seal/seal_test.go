@@ -31,6 +31,14 @@ var attempts = map[string]func() unix.Errno{
 	"socket AF_VSOCK": func() unix.Errno { return sock(unix.AF_VSOCK, unix.SOCK_STREAM) },
 	"socket AF_INET":  func() unix.Errno { return sock(unix.AF_INET, unix.SOCK_STREAM) },
 	"socket AF_UNIX":  func() unix.Errno { return sock(unix.AF_UNIX, unix.SOCK_STREAM) },
+	// The host kernel's device events (and their global sequence number,
+	// which counts every other cage's start) reach any socket of this
+	// protocol in a network namespace the host's root made.
+	"socket NETLINK_KOBJECT_UEVENT": func() unix.Errno {
+		return sockProto(unix.AF_NETLINK, unix.SOCK_DGRAM, unix.NETLINK_KOBJECT_UEVENT)
+	},
+	"socket NETLINK_ROUTE":     func() unix.Errno { return sockProto(unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_ROUTE) },
+	"socket NETLINK_SOCK_DIAG": func() unix.Errno { return sockProto(unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_SOCK_DIAG) },
 	// A child in a new user namespace (clone), and a child that unshares
 	// one after fork: the two ways a process gets one.
 	"clone CLONE_NEWUSER":   func() unix.Errno { return child(&unix.SysProcAttr{Cloneflags: unix.CLONE_NEWUSER}) },
@@ -54,8 +62,10 @@ func fchmodat2(mode uint32) unix.Errno {
 	return e
 }
 
-func sock(family, typ int) unix.Errno {
-	fd, err := unix.Socket(family, typ, 0)
+func sock(family, typ int) unix.Errno { return sockProto(family, typ, 0) }
+
+func sockProto(family, typ, proto int) unix.Errno {
+	fd, err := unix.Socket(family, typ, proto)
 	if err != nil {
 		return err.(unix.Errno)
 	}
@@ -135,16 +145,19 @@ func TestSeal(t *testing.T) {
 	open := probe(t, "open")
 	sealed := probe(t, "sealed")
 	want := map[string]string{
-		"io_uring_setup":        "EPERM",
-		"clone3":                "ENOSYS",
-		"socket AF_VSOCK":       "EAFNOSUPPORT",
-		"socket AF_INET":        "ok",
-		"socket AF_UNIX":        "ok",
-		"clone CLONE_NEWUSER":   "EPERM",
-		"unshare CLONE_NEWUSER": "EPERM",
-		"fork and exec":         "ok",
-		"fchmodat2 setuid":      "EPERM",
-		"fchmodat2 plain":       "ok",
+		"io_uring_setup":                "EPERM",
+		"clone3":                        "ENOSYS",
+		"socket AF_VSOCK":               "EAFNOSUPPORT",
+		"socket AF_INET":                "ok",
+		"socket AF_UNIX":                "ok",
+		"socket NETLINK_KOBJECT_UEVENT": "EPROTONOSUPPORT",
+		"socket NETLINK_ROUTE":          "ok",
+		"socket NETLINK_SOCK_DIAG":      "ok",
+		"clone CLONE_NEWUSER":           "EPERM",
+		"unshare CLONE_NEWUSER":         "EPERM",
+		"fork and exec":                 "ok",
+		"fchmodat2 setuid":              "EPERM",
+		"fchmodat2 plain":               "ok",
 	}
 	for name, w := range want {
 		t.Run(strings.ReplaceAll(name, " ", "_"), func(t *testing.T) {

@@ -51,6 +51,9 @@ var Zone = map[string][]string{
 	"loopback.example.com": {"127.0.0.1"},
 	"private.example.com":  {"10.1.2.3"},
 	"metadata.example.com": {"169.254.169.254"},
+	// The model APIs the real harness CLIs call (upstream/model.go).
+	upstream.AnthropicHost: {"203.0.113.40"},
+	upstream.OpenAIHost:    {"203.0.113.41"},
 }
 
 // Internet is a running fake internet in a machine.

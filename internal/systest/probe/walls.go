@@ -19,17 +19,20 @@ import (
 // the agent could leave on the host, which kernel interfaces it reaches,
 // and what it sees of the host and the other cages.
 
-// families names the socket families checks take, with a type each opens.
-var families = map[string][2]int{
-	"unix":    {unix.AF_UNIX, unix.SOCK_STREAM},
-	"inet":    {unix.AF_INET, unix.SOCK_STREAM},
-	"inet6":   {unix.AF_INET6, unix.SOCK_STREAM},
-	"netlink": {unix.AF_NETLINK, unix.SOCK_RAW},
-	"vsock":   {unix.AF_VSOCK, unix.SOCK_STREAM},
-	"packet":  {unix.AF_PACKET, unix.SOCK_RAW},
+// families names the socket families checks take, with a type and a
+// protocol each opens. uevent is the netlink protocol that carries the host
+// kernel's device events.
+var families = map[string][3]int{
+	"unix":    {unix.AF_UNIX, unix.SOCK_STREAM, 0},
+	"inet":    {unix.AF_INET, unix.SOCK_STREAM, 0},
+	"inet6":   {unix.AF_INET6, unix.SOCK_STREAM, 0},
+	"netlink": {unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_ROUTE},
+	"uevent":  {unix.AF_NETLINK, unix.SOCK_DGRAM, unix.NETLINK_KOBJECT_UEVENT},
+	"vsock":   {unix.AF_VSOCK, unix.SOCK_STREAM, 0},
+	"packet":  {unix.AF_PACKET, unix.SOCK_RAW, 0},
 }
 
-func family(name string) ([2]int, error) {
+func family(name string) ([3]int, error) {
 	f, ok := families[name]
 	if !ok {
 		return f, fmt.Errorf("unknown socket family %q", name)
@@ -43,7 +46,7 @@ func socketOf(name string) error {
 	if err != nil {
 		return err
 	}
-	return openSocket(f[0], f[1], 0)
+	return openSocket(f[0], f[1], f[2])
 }
 
 // setID tries every system call that can give a file a setuid or setgid

@@ -178,10 +178,12 @@ func (s *server) record(r Record) {
 	s.log.Encode(r)
 }
 
-// handler echoes the request. /status/N answers with status N.
+// handler echoes the request. /status/N answers with status N. The model
+// hosts (model.go) answer their API paths as the model would.
 func (s *server) handler(kind string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+		body, _ := io.ReadAll(io.LimitReader(r.Body, 8<<20))
+		full := body
 		rec := Record{Kind: kind, Host: r.Host, Remote: r.RemoteAddr, Method: r.Method,
 			Path: r.URL.RequestURI(), Headers: r.Header, BodyLen: int64(len(body))}
 		if len(body) > 4096 {
@@ -195,6 +197,9 @@ func (s *server) handler(kind string) http.Handler {
 			rec.Local = a.String()
 		}
 		s.record(rec)
+		if h := modelHandler(r.Host); h != nil && h(w, r, full) {
+			return
+		}
 		status := http.StatusOK
 		if v, ok := strings.CutPrefix(r.URL.Path, "/status/"); ok {
 			if n, err := strconv.Atoi(v); err == nil && n >= 200 && n < 600 {
