@@ -529,7 +529,13 @@ func (r *renderer) podmanBackend(a *config.Agent) section {
 	s := sec("Service",
 		"Type", "exec",
 		"ExecStart", r.withStoreBinds(a, config.BackendPodman, []string{r.o.Podman, "--runtime", "runc", "run"}, argv),
-		"ExecStopPost", "-"+quoteCmd([]string{r.o.Podman, "rm", "--force", "--ignore", name}),
+		// --rm removes the container when podman ends by itself (the
+		// container's own status, below podman's 125-127); only a podman
+		// that was killed or failed leaves one behind, so only then pay
+		// for another podman (~200 ms under load; docs/performance.md).
+		// --replace at the next start is the second net.
+		"ExecStopPost", "-"+quoteCmd([]string{"/bin/sh", "-c",
+			`[ "$EXIT_CODE" = exited ] && [ "$EXIT_STATUS" -lt 125 ] || exec '` + r.o.Podman + `' rm --force --ignore "$0"`, name}),
 		"Environment", "CONTAINERS_CONF="+filepath.Join(r.o.Prefix, paths.PodmanConf),
 		"Delegate", "yes",
 		"KillMode", "mixed",
