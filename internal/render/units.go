@@ -87,6 +87,9 @@ func (r *renderer) caged() {
 		"SystemCallErrorNumber", "EPERM",
 		"MemoryDenyWriteExecute", "yes",
 		"DevicePolicy", "closed",
+		// caged holds the terminals of interactive agents (cagectl attach).
+		"DeviceAllow", "/dev/ptmx rw",
+		"DeviceAllow", "char-pts rw",
 	)
 	r.unit(paths.CagedUnit,
 		sec("Unit",
