@@ -122,6 +122,10 @@ func EgressState(agent string) string { return filepath.Join(EgressStateRoot, ag
 // files in RuntimeRoot.
 func Runtime(agent string) string { return filepath.Join(RuntimeRoot, "cage", agent) }
 
+// GrantsFile holds an agent's time-bound grants: written by caged (root),
+// read by its gateway, in the runtime directory only root can write.
+func GrantsFile(agent string) string { return filepath.Join(Runtime(agent), "grants.json") }
+
 // RunsRoot holds one directory per throw-away cage (cagectl run): its
 // rendered configuration, its secrets and the list of files installed for
 // it, so teardown (or caged after a crash) removes exactly those.
