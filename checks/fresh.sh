@@ -77,13 +77,15 @@ fi
 flock -u 9
 
 tree=$(mktemp -d /var/tmp/nixcage-fresh-XXXXXX)
-chmod 0755 "$tree" # it becomes the machine's /: other uids must traverse it
 cleanup() {
   if [ -n "$keep" ]; then echo "checks/fresh.sh: tree kept: $tree"; else rm -rf "$tree"; fi
 }
 trap cleanup EXIT
 echo "checks/fresh.sh: fresh copy of the base tree in $tree"
 cp -a "$base/." "$tree/"
+# cp gives $tree the mode of $base (a mktemp directory, 0700); it becomes
+# the machine's /, which other uids must traverse.
+chmod 0755 "$tree"
 rm -f "$tree/.complete"
 # Only the checkout (a clean clone of HEAD: what is committed, no build
 # products, no caches) and the Go toolchain go in.

@@ -19,6 +19,13 @@ var wallCages = map[string]string{"service": "svcwall", "nspawn": "nspwall", "po
 // cgroup while the others look for it (issue 21 item 4).
 const cgroupChannel = "nixcage-walls-chan"
 
+// shmHost is a file the host leaves in its /dev/shm for the cages to find;
+// each cage writes shmPrefix+backend in its own.
+const (
+	shmHost   = "/dev/shm/nixcage-walls-host"
+	shmPrefix = "nixcage-walls-"
+)
+
 // wallChecks are what each cage attempts. Paths are the cage's own.
 func wallChecks(backend string) []string {
 	c := []string{
@@ -44,6 +51,10 @@ func wallChecks(backend string) []string {
 		"ls,/sys/class/net",
 		"tree,/sys/devices/virtual,2",
 		"cgroup,cgroup.procs",
+		// Red team: /dev/shm shared with the host and the other cages, a
+		// channel around every gateway.
+		"read," + shmHost,
+		"write,/dev/shm/" + shmPrefix + backend,
 		// Issue 16 item 5: names of other agents in the cage's root.
 		"tree,/var,6",
 		"tree,/run,4",
@@ -73,6 +84,7 @@ func TestCageWalls(t *testing.T) {
 	control := e.runProbe(t, "socket,vsock", "socket,packet", "socket,uevent", "iouring,inet", "iouring,netlink", "iouring,vsock",
 		"userns,clone", "userns,unshare", "mknod,/run/walls-null")
 
+	e.m.MustWriteFile(t, shmHost, []byte("from the host\n"), 0o644)
 	e.runAgent(t, neighbour.name)
 	// The nspawn cage stays up holding its cgroup directory while the
 	// others run.
@@ -268,6 +280,18 @@ func (e *cageEnv) assertWalls(t *testing.T, backend string, got map[string]probe
 	}
 	if r := res("tree,/sys/devices/virtual,2"); strings.Contains(r.Detail, "systest-inet0") {
 		t.Errorf("the cage sees the host's systest-inet0 in /sys/devices: %s", r.Detail)
+	}
+
+	// /dev/shm: the cage's own, never the host's (which every local user
+	// and every other cage shares).
+	if r := res("read," + shmHost); r.OK {
+		t.Errorf("the cage read the host's %s: %+v", shmHost, r)
+	}
+	if r := res("write,/dev/shm/" + shmPrefix + backend); !r.OK {
+		t.Errorf("the cage cannot write its own /dev/shm: %+v", r)
+	}
+	if out, err := e.m.Run(context.Background(), "ls", "-l", "/dev/shm/"+shmPrefix+backend); err == nil {
+		t.Errorf("the file the cage wrote to its /dev/shm is in the host's, for every local user and cage: %s", strings.TrimSpace(out))
 	}
 
 	// Issue 16 item 5: no other agent's name anywhere in its root.

@@ -150,6 +150,10 @@ var help = map[string]helpText{
 		long:     "A throw-away cage with a declared agent's walls (network namespace, gateway, sandbox), made by caged at run time and removed on exit. The terminal crosses the bus as file descriptors; the current directory is the workspace unless --workspace or --no-workspace. Egress follows --policy or --allow; --secret FILEs are read by cagectl and held by the gateway, the cage sees placeholders. Operator role.",
 		examples: []string{"cagectl run --policy claude-code --secret anthropic:ANTHROPIC_API_KEY=/root/keys/anthropic -- claude", "cagectl run --allow github.com --no-workspace -- git ls-remote https://github.com/nixcage/nixcage"},
 	},
+	"attach": {
+		long:     "Connects this terminal to the console caged holds for an interactive agent (interactive = true): what it printed while nobody was attached comes first, then your keys go to it and your window size follows. Ctrl-] detaches; the agent goes on and a later attach comes back. One terminal at a time: a new attach takes the console over. Operator role over the agent.",
+		examples: []string{"cagectl attach claude"},
+	},
 	"store binds": {
 		long:     "What a cage start binds from the store: every path resolved inside the store, any link out of it refused. Prints SRC:DST lines (service) or nspawn/podman options. Reads only.",
 		examples: []string{"cagectl store binds", "cagectl store binds --for nspawn"},

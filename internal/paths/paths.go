@@ -126,6 +126,10 @@ func Runtime(agent string) string { return filepath.Join(RuntimeRoot, "cage", ag
 // read by its gateway, in the runtime directory only root can write.
 func GrantsFile(agent string) string { return filepath.Join(Runtime(agent), "grants.json") }
 
+// ConsoleLink is where caged links the terminal it holds for an
+// interactive agent (a /dev/pts/N it made); the agent unit's TTYPath=.
+func ConsoleLink(agent string) string { return filepath.Join(RuntimeRoot, "console", agent) }
+
 // RunsRoot holds one directory per throw-away cage (cagectl run): its
 // rendered configuration, its secrets and the list of files installed for
 // it, so teardown (or caged after a crash) removes exactly those.

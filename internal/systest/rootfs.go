@@ -204,6 +204,11 @@ func RootfsKey(mirror string) string {
 // an interrupted build never leaves a tree that looks usable.
 func EnsureRootfs(ctx context.Context, log io.Writer) (string, error) {
 	cache := CacheDir()
+	if abs, _ := filepath.Abs(cache); abs == "/tmp" || strings.HasPrefix(abs, "/tmp/") {
+		// Machines boot in a mount namespace with a tmpfs over /tmp (see
+		// Boot), where a tree under /tmp does not exist.
+		return "", fmt.Errorf("machine tree cache %s is under /tmp, which every machine's systemd-nspawn runs behind a tmpfs of its own: set NIXCAGE_SYSTEST_CACHE to a directory elsewhere (default %s)", cache, DefaultCacheDir)
+	}
 	mirror := Mirror()
 	final := filepath.Join(cache, "rootfs-"+RootfsKey(mirror))
 	if ok, err := complete(final); err != nil || ok {

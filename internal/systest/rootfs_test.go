@@ -1,6 +1,13 @@
 package systest
 
-import "testing"
+import (
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
 
 func TestMirrorFromSources(t *testing.T) {
 	tests := []struct {
@@ -60,5 +67,19 @@ func TestShellJoin(t *testing.T) {
 	want := `systemd-nspawn --machine=x -D '/var/cache/a b' 'it'\''s'`
 	if got != want {
 		t.Fatalf("shellJoin = %s, want %s", got, want)
+	}
+}
+
+// A cache under /tmp would be built and then be invisible to nspawn (a tmpfs
+// covers /tmp where machines boot): refused before anything is built.
+func TestCacheUnderTmpRefused(t *testing.T) {
+	dir := filepath.Join("/tmp", "nixcage-systest-cache-test-"+filepath.Base(t.TempDir()))
+	t.Setenv("NIXCAGE_SYSTEST_CACHE", dir)
+	_, err := EnsureRootfs(context.Background(), io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "NIXCAGE_SYSTEST_CACHE") || !strings.Contains(err.Error(), "under /tmp") {
+		t.Fatalf("EnsureRootfs with the cache in %s: %v", dir, err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("%s was created (%v)", dir, err)
 	}
 }
