@@ -92,6 +92,9 @@ type Gateway struct {
 	listen   map[netip.AddrPort]bool
 	h1, h2   *http.Transport
 	log      *slog.Logger
+	// grants are the time-bound grants in force (grants.go), swapped
+	// whole when the grants file changes; expiry is checked per decision.
+	grants atomic.Pointer[[]policy.Grant]
 }
 
 // New builds a gateway from a runtime document. Any inconsistency is an
@@ -117,6 +120,7 @@ func New(rt *policy.Runtime, opts Options) (*Gateway, error) {
 		return nil, err
 	}
 	g.st.Store(st)
+	g.grants.Store(&[]policy.Grant{})
 	g.h1 = g.newTransport(false)
 	g.h2 = g.newTransport(true)
 	return g, nil

@@ -90,7 +90,7 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		g.refuse(w, r, rec, block(http.StatusBadRequest, "authority", "%v", err), start)
 		return
 	}
-	dec := st.pol.Decide(host, port, r.Method)
+	dec := g.decide(st, host, port, r.Method)
 	if dec.Result != policy.Allow {
 		g.refuse(w, r, rec, block(http.StatusForbidden, dec.Rule, "%s", dec.Reason), start)
 		return
@@ -148,7 +148,7 @@ func (g *Gateway) handleConnect(w http.ResponseWriter, r *http.Request, st *stat
 			return
 		}
 	}
-	dec := st.pol.Decide(host, port, http.MethodConnect)
+	dec := g.decide(st, host, port, http.MethodConnect)
 	if dec.Result != policy.Allow {
 		g.refuse(w, r, rec, block(http.StatusForbidden, dec.Rule, "%s", dec.Reason), start)
 		return
