@@ -438,7 +438,8 @@ func (h *harness) start() {
 		cancel()
 		t.Fatalf("gateway did not start: %v", <-done)
 	}
-	h.stop = func() { cancel(); <-done }
+	var once sync.Once
+	h.stop = func() { once.Do(func() { cancel(); <-done }) }
 	t.Cleanup(h.stop)
 }
 
