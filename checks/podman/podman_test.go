@@ -53,10 +53,13 @@ agent "` + agent + `" {
 	o := render.DefaultOptions()
 	o.Prefix = t.TempDir()
 	o.Podman = podman
-	// The cage execs its command through cage-seal from the bin directory.
+	// The cage execs its command through cage-seal from the bin directory,
+	// and the ExecStart= wrapper resolves the store binds with cagectl.
 	o.BinDir = t.TempDir()
-	if out, err := exec.Command("go", "build", "-o", filepath.Join(o.BinDir, "cage-seal"), "github.com/nixcage/nixcage/cmd/cage-seal").CombinedOutput(); err != nil {
-		t.Fatalf("go build cage-seal: %v\n%s", err, out)
+	for _, name := range []string{"cage-seal", "cagectl"} {
+		if out, err := exec.Command("go", "build", "-o", filepath.Join(o.BinDir, name), "github.com/nixcage/nixcage/cmd/"+name).CombinedOutput(); err != nil {
+			t.Fatalf("go build %s: %v\n%s", name, err, out)
+		}
 	}
 	files, err := render.Render(cfg, o)
 	if err != nil {

@@ -44,9 +44,13 @@ func harnessCases() []harnessCase {
 	// secret block's name and its env line ("" with a harness: it names it).
 	agent := func(c harnessCase, name, choose, cmd, secret, env string) harnessCase {
 		c.agent = name
+		backend := "service"
+		if strings.HasSuffix(name, "-nspawn") {
+			backend = "nspawn"
+		}
 		c.config = fmt.Sprintf(`
 agent %q {
-  backend   = "service"
+  backend   = %q
   %s
   autostart = false
   command   = [%s]
@@ -54,7 +58,7 @@ agent %q {
     source = "/etc/nixcage/secrets/%s"
     %s
   }
-}`, name, choose, cmd, secret, secret, env)
+}`, name, backend, choose, cmd, secret, secret, env)
 		return c
 	}
 	return []harnessCase{
@@ -63,6 +67,9 @@ agent %q {
 		// No sandbox or approval flag: the scaffold's /etc/codex/config.toml
 		// must be what lets the tool calls run.
 		agent(codex, "codex", `harness = "codex"`, codexCmd+`, "`+harnessPrompt+`"`, "openai", ""),
+		// The harness's files reach an nspawn cage too (bound, not copied).
+		agent(codex, "codex-nspawn", `harness = "codex"`, codexCmd+`, "`+harnessPrompt+`"`, "openai", ""),
+		agent(claude, "claude-nspawn", `harness = "claude-code"`, claudeCmd, "anthropic", ""),
 		agent(codex, "codex-bare", `egress = "codex"`, codexCmd+`, "--dangerously-bypass-approvals-and-sandbox", "`+harnessPrompt+`"`, "openai", `env = "CODEX_API_KEY"`),
 	}
 }
@@ -193,6 +200,7 @@ func (e *cageEnv) runHarness(t *testing.T, ctx context.Context, c harnessCase) {
 		t.Fatal(err)
 	}
 	var turns int
+	noted := false
 	for _, r := range after[len(before):] {
 		if strings.Contains(r.Host+r.SNI+r.Name, "evil.example.org") {
 			t.Errorf("the refused host received %s %s %s", r.Kind, r.Method, r.Path)
@@ -204,10 +212,16 @@ func (e *cageEnv) runHarness(t *testing.T, ctx context.Context, c harnessCase) {
 			continue
 		}
 		turns++
+		noted = noted || strings.Contains(r.Body, "You are running in a nixcage cage")
 		got := strings.Join(r.Headers[c.keyHeader], ",")
 		if !strings.Contains(got, c.realKey) {
 			t.Errorf("%s %s carried %s = %q, want the real key", r.Method, r.Path, c.keyHeader, got)
 		}
+	}
+	// With the scaffold, the CLI read the cage note (Claude Code's managed
+	// memory, Codex's developer_instructions) and passed it to its model.
+	if scaffold := !strings.HasSuffix(c.agent, "-bare"); noted != scaffold {
+		t.Errorf("the cage note reached the model: %v, want %v", noted, scaffold)
 	}
 	if turns < 2 {
 		t.Errorf("the model API saw %d POSTs, want a tool-use turn and a final turn", turns)

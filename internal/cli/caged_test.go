@@ -329,6 +329,16 @@ func TestExitCodesAsOtherUsers(t *testing.T) {
 		return 0, string(out)
 	}
 	const nobody, backup = 65534, 34 // nobody is a declared viewer; backup has no account
+	// apply opens the release directory itself and hands caged the
+	// descriptor, so the viewer must be able to open one for caged to refuse.
+	release, err := os.MkdirTemp("", "nixcage-release-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(release) })
+	if err := os.Chmod(release, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	cases := []struct {
 		name string
 		uid  uint32
@@ -340,7 +350,7 @@ func TestExitCodesAsOtherUsers(t *testing.T) {
 		{"viewer reads audit", nobody, []string{"audit", "alpha"}, ExitOK},
 		{"stranger is refused audit", backup, []string{"audit", "alpha"}, ExitDenied},
 		{"viewer is refused kill", nobody, []string{"kill", "alpha"}, ExitDenied},
-		{"viewer is refused apply", nobody, []string{"apply", "/srv/release"}, ExitDenied},
+		{"viewer is refused apply", nobody, []string{"apply", release}, ExitDenied},
 		{"stranger is refused rollback", backup, []string{"rollback"}, ExitDenied},
 		{"viewer is refused reload", nobody, []string{"reload"}, ExitDenied},
 	}

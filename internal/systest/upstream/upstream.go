@@ -186,8 +186,10 @@ func (s *server) handler(kind string) http.Handler {
 		full := body
 		rec := Record{Kind: kind, Host: r.Host, Remote: r.RemoteAddr, Method: r.Method,
 			Path: r.URL.RequestURI(), Headers: r.Header, BodyLen: int64(len(body))}
-		if len(body) > 4096 {
-			body = body[:4096]
+		// Model requests are logged whole (up to 1 MiB): tests look for
+		// what a harness sent its model (the cage note, tool results).
+		if keep := 4096; modelHandler(r.Host) == nil && len(body) > keep {
+			body = body[:keep]
 		}
 		rec.Body = string(body)
 		if r.TLS != nil {
