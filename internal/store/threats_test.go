@@ -114,6 +114,27 @@ func narDirWithFile(name, content string) []byte {
 	return b.Bytes()
 }
 
+// narDeep is a NAR of directories named "d" nested depth deep: its paths
+// grow past PATH_MAX, which no file system call can name.
+func narDeep(depth int) []byte {
+	var b bytes.Buffer
+	narStr(&b, "nix-archive-1")
+	for _, s := range []string{"(", "type", "directory"} {
+		narStr(&b, s)
+	}
+	for i := 0; i < depth; i++ {
+		for _, s := range []string{"entry", "(", "name", "d", "node", "(", "type", "directory"} {
+			narStr(&b, s)
+		}
+	}
+	for i := 0; i < depth; i++ {
+		narStr(&b, ")")
+		narStr(&b, ")")
+	}
+	narStr(&b, ")")
+	return b.Bytes()
+}
+
 // craftedRelease writes a one-path release whose NAR is narBytes, with a
 // narinfo and a signed manifest that agree with it: everything is valid
 // except what the NAR itself does.
@@ -289,6 +310,13 @@ func TestSignedUpgradeThreats(t *testing.T) {
 		{name: "NarEntryWithSlash", want: "is invalid",
 			release: func(t *testing.T) string {
 				return craftedRelease(t, f, 2, narDirWithFile("../../../etc/x", "pwned\n"))
+			}},
+		// Red team: a signed release whose paths no system call can name
+		// was reported as this machine's I/O failure (exit 5, "write to
+		// the store's file system: file name too long").
+		{name: "NarPathLongerThanPathMax", want: "longer than PATH_MAX",
+			release: func(t *testing.T) string {
+				return craftedRelease(t, f, 2, narDeep(2100))
 			}},
 		{name: "NarinfoWithoutTrustedNixSig", want: "has no valid Sig: by a trusted Nix key",
 			opts: func(o *Options) {
