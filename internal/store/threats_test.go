@@ -235,6 +235,13 @@ func TestSignedUpgradeThreats(t *testing.T) {
 				// The counter survives even without the generation: state.json says 5.
 				return f.release(t, f.relB, nil, func(m *release.Manifest) { m.Generation = 1 })
 			}},
+		// A state.json written before per-key records (schema 1): its
+		// counter is attributed to the keys trusted now, so it still holds.
+		{name: "OlderGenerationLegacyState", want: "generation 1 is not newer than the accepted generation 5 (rollback protection)",
+			opts: func(o *Options) {},
+			release: func(t *testing.T) string {
+				return f.release(t, f.relB, nil, func(m *release.Manifest) { m.Generation = 1 })
+			}},
 		{name: "ExpiredManifest", want: "expired at",
 			release: func(t *testing.T) string {
 				return f.release(t, f.relB, nil, func(m *release.Manifest) {
@@ -332,10 +339,17 @@ func TestSignedUpgradeThreats(t *testing.T) {
 				t.Fatal(err)
 			}
 			s := f.open(t, root, tc.opts)
-			if tc.name == "OlderGeneration" {
+			switch tc.name {
+			case "OlderGeneration":
+				// Generation 5, signed by the trusted key, was pruned.
 				st, _ := s.readState()
 				st.Highest = 5
+				for _, k := range s.keys {
+					st.SignedBy[k.ID] = 5
+				}
 				must(t, s.writeState(st))
+			case "OlderGenerationLegacyState":
+				must(t, os.WriteFile(filepath.Join(root, stateFile), []byte(`{"schema": 1, "highest": 5, "updated": "2026-01-01T00:00:00Z"}`+"\n"), 0o644))
 			}
 			before := snapshot(t, root)
 			dir := tc.release(t)
