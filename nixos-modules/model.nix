@@ -39,7 +39,7 @@ let
   };
 
   agent = a: clean {
-    inherit (a) backend command environment workspace tools image autostart egress harness;
+    inherit (a) backend command environment workspace tools image autostart interactive egress harness;
     egress_policy = lib.mapNullable policy a.egressPolicy;
     secret = lib.mapAttrs (_: s: clean { inherit (s) source env hosts header; }) a.secrets;
     resources = lib.mapNullable clean a.resources;

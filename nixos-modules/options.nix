@@ -154,6 +154,7 @@ let
       tools = opt types.str "Tool profile in the shared store (default: the current generation).";
       image = opt types.str "Container image (podman only).";
       autostart = opt types.bool "Start with nixcage.target (default true).";
+      interactive = opt types.bool "Give the agent a terminal held by caged; `cagectl attach NAME` connects to it (default false).";
       egress = opt types.str "Name of an egress policy: one of services.nixcage.egressPolicies or a shipped one (claude-code, codex, gemini, github, none). Default: the harness's policy, else \"none\" (deny all).";
       harness = opt types.str "A shipped harness scaffold (claude-code, codex, gemini; docs/harnesses.md): its policy, the variable its CLI reads the key from, its environment and the cage note. Checked by cagectl validate.";
       egressPolicy = opt (types.submodule policyModule) "An egress policy for this agent alone, instead of `egress`.";

@@ -429,6 +429,31 @@ func TestPodmanCage(t *testing.T) {
 	if out := e.m.MustRun(t, "sh", "-c", "ls /sys/fs/cgroup/machine.slice 2>/dev/null || true"); strings.Contains(out, "libpod") {
 		t.Errorf("a podman container runs outside the agent unit (%s): machine.slice holds %s", cg, out)
 	}
+	// A clean end leaves no container: podman's --rm removed it, so the
+	// unit's ExecStopPost= skips its second podman (start latency).
+	name := "nixcage-" + agent
+	exists := "CONTAINERS_CONF=/etc/nixcage/containers.conf podman container exists " + name
+	if out := e.m.MustShell(t, exists+" && echo left || true"); strings.TrimSpace(out) == "left" {
+		t.Errorf("container %s left behind after a clean end", name)
+	}
+	// A podman killed while its container runs leaves it behind; then the
+	// ExecStopPost= removes it.
+	e.m.MustRun(t, "systemctl", "start", "--no-block", unit)
+	caught := e.m.MustShell(t, "for i in $(seq 200); do "+exists+" && { echo running; exit 0; }; sleep 0.05; done")
+	if strings.TrimSpace(caught) != "running" {
+		t.Fatalf("container %s never seen running", name)
+	}
+	e.m.MustRun(t, "systemctl", "kill", "--kill-who=main", "--signal=KILL", unit)
+	if _, err := e.m.WaitInactive(context.Background(), unit); err != nil {
+		t.Fatal(err)
+	}
+	if code := strings.TrimSpace(e.m.MustRun(t, "systemctl", "show", "-P", "ExecMainCode", unit)); code != "2" {
+		t.Logf("podman ended with code %s (2 = killed) before the kill reached it", code)
+	}
+	if out := e.m.MustShell(t, exists+" && echo left || true"); strings.TrimSpace(out) == "left" {
+		t.Errorf("container %s left behind after podman was killed", name)
+	}
+	e.m.MustRun(t, "systemctl", "stop", unit) // no restart after the test
 }
 
 // probeInCageNetns runs the probe as a fresh dynamic user in an agent's

@@ -44,9 +44,13 @@ func harnessCases() []harnessCase {
 	// secret block's name and its env line ("" with a harness: it names it).
 	agent := func(c harnessCase, name, choose, cmd, secret, env string) harnessCase {
 		c.agent = name
+		backend := "service"
+		if strings.HasSuffix(name, "-nspawn") {
+			backend = "nspawn"
+		}
 		c.config = fmt.Sprintf(`
 agent %q {
-  backend   = "service"
+  backend   = %q
   %s
   autostart = false
   command   = [%s]
@@ -54,7 +58,7 @@ agent %q {
     source = "/etc/nixcage/secrets/%s"
     %s
   }
-}`, name, choose, cmd, secret, secret, env)
+}`, name, backend, choose, cmd, secret, secret, env)
 		return c
 	}
 	return []harnessCase{
@@ -63,6 +67,9 @@ agent %q {
 		// No sandbox or approval flag: the scaffold's /etc/codex/config.toml
 		// must be what lets the tool calls run.
 		agent(codex, "codex", `harness = "codex"`, codexCmd+`, "`+harnessPrompt+`"`, "openai", ""),
+		// The harness's files reach an nspawn cage too (bound, not copied).
+		agent(codex, "codex-nspawn", `harness = "codex"`, codexCmd+`, "`+harnessPrompt+`"`, "openai", ""),
+		agent(claude, "claude-nspawn", `harness = "claude-code"`, claudeCmd, "anthropic", ""),
 		agent(codex, "codex-bare", `egress = "codex"`, codexCmd+`, "--dangerously-bypass-approvals-and-sandbox", "`+harnessPrompt+`"`, "openai", `env = "CODEX_API_KEY"`),
 	}
 }

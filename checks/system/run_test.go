@@ -25,6 +25,13 @@ const runConfig = `
 egress_policy "p" {
   allow = ["api.example.com"]
 }
+agent "tty" {
+  backend     = "service"
+  command     = ["/bin/sh", "-i"]
+  egress      = "p"
+  interactive = true
+  autostart   = false
+}
 account "viewers" {
   user = "nobody"
   role = "viewer"
@@ -301,6 +308,40 @@ echo; cat /mnt/ro-data/note; echo x > /mnt/ro-data/new 2>/dev/null && echo bind-
 		})
 	}
 	assertTornDown(t, sh)
+
+	// An interactive declared agent: caged holds its terminal, attach
+	// connects to it, Ctrl-] detaches and the agent goes on; attaching again
+	// replays what it printed meanwhile.
+	sh("cagectl start tty")
+	out, code := runPTY(t, ctx, m, "cagectl attach tty", func(p *ptyDriver) {
+		p.expect(t, "attached to tty")
+		p.write("echo $((6*7))-answer\r")
+		p.expect(t, "42-answer")
+		p.write("\x1d")
+		p.expect(t, "detached from tty")
+	})
+	if code != 0 {
+		t.Errorf("attach: exit %d\n%s", code, out)
+	}
+	if st, _ := m.UnitState(ctx, "nixcage-agent@tty.service"); st.Active != "active" {
+		t.Errorf("the agent is %s after detaching, want active", st.Active)
+	}
+	out, code = runPTY(t, ctx, m, "cagectl attach tty", func(p *ptyDriver) {
+		p.expect(t, "42-answer") // the backlog
+		p.write("echo again-$((1+1))\r")
+		p.expect(t, "again-2")
+		p.write("\x1d")
+		p.expect(t, "detached from tty")
+	})
+	if code != 0 {
+		t.Errorf("second attach: exit %d\n%s", code, out)
+	}
+	if stdout, _, code := run("setpriv --reuid=nobody --regid=nogroup --clear-groups script -qec 'cagectl attach tty' /dev/null"); code != 3 || !strings.Contains(stdout, `role "operator"`) {
+		t.Errorf("a viewer attaching: exit %d, %q; want 3 naming role operator", code, stdout)
+	}
+	// An interactive sh ignores SIGTERM; kill it rather than wait out the
+	// stop timeout.
+	sh("cagectl kill tty && cagectl stop tty")
 }
 
 // assertTornDown: nothing of any run is left but its audit.

@@ -615,6 +615,8 @@ var argNames = map[string][]string{
 	"ListGenerations": {"generations"},
 	"Quarantine":      {"reason", "evidence"},
 	"StartRun":        {"request", "stdin", "stdout", "stderr", "binds", "secrets", "name"},
+	"AttachConsole":   {"name", "console"},
+	"ResizeConsole":   {"name", "rows", "cols"},
 	"SignalRun":       {"name", "signal"},
 }
 

@@ -48,6 +48,13 @@ var help = map[string]helpText{
 			"cagectl audit claude --follow",
 		},
 	},
+	"policy suggest": {
+		long: "Reads the agent's audit (root reads the log, others ask caged: viewer role) and prints an egress_policy block whose allow list and ports would have let through what the host patterns and ports refused, each entry with its counts and first/last time, and a WARNING comment on wildcards, upload-heavy hosts and hosts that were sent a placeholder. Never suggested (listed as comments): IP addresses, names that resolved to private, loopback or metadata addresses, names a deny entry of the agent's policy or of a shipped policy covers, special-use names. The output passes `cagectl validate`; merge its entries into the agent's policy after review. See docs/grants.md.",
+		examples: []string{
+			"cagectl policy suggest claude",
+			"cagectl policy suggest claude --since 2h > suggested.hcl && cagectl validate suggested.hcl",
+		},
+	},
 	"completion": {
 		long: "Completion scripts are generated from the command table: commands, each command's flags, and agent names (asked of caged with `cagectl status --names` when completing).",
 		examples: []string{
@@ -123,6 +130,10 @@ var help = map[string]helpText{
 	"run": {
 		long:     "A throw-away cage with a declared agent's walls (network namespace, gateway, sandbox), made by caged at run time and removed on exit. The terminal crosses the bus as file descriptors; the current directory is the workspace unless --workspace or --no-workspace. Egress follows --policy or --allow; --secret FILEs are read by cagectl and held by the gateway, the cage sees placeholders. Operator role.",
 		examples: []string{"cagectl run --policy claude-code --secret anthropic:ANTHROPIC_API_KEY=/root/keys/anthropic -- claude", "cagectl run --allow github.com --no-workspace -- git ls-remote https://github.com/nixcage/nixcage"},
+	},
+	"attach": {
+		long:     "Connects this terminal to the console caged holds for an interactive agent (interactive = true): what it printed while nobody was attached comes first, then your keys go to it and your window size follows. Ctrl-] detaches; the agent goes on and a later attach comes back. One terminal at a time: a new attach takes the console over. Operator role over the agent.",
+		examples: []string{"cagectl attach claude"},
 	},
 	"store binds": {
 		long:     "What a cage start binds from the store: every path resolved inside the store, any link out of it refused. Prints SRC:DST lines (service) or nspawn/podman options. Reads only.",

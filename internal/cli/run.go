@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/nixcage/nixcage/internal/bus"
+	termpkg "github.com/nixcage/nixcage/internal/term"
 )
 
 func init() {
@@ -226,7 +227,7 @@ func runRun(ctx context.Context, env *Env, args []string) error {
 
 	var term *terminal
 	cageIO := stdio
-	if isTerminal(stdio[0]) {
+	if termpkg.IsTerminal(stdio[0]) {
 		term, err = newTerminal(stdio)
 		if err != nil {
 			return err
@@ -295,7 +296,7 @@ func waitRun(ctx context.Context, c *bus.Client, name string, finished <-chan bu
 				return nil, busError(err)
 			}
 		case <-winch:
-			copyWinsize(term.user[0], term.master)
+			termpkg.CopySize(term.user[0], term.master)
 		case <-alive.C:
 			if !c.Connected() {
 				return nil, &ExitError{Code: ExitNoConn, Err: errors.New("lost the connection to caged while the cage ran")}
@@ -319,24 +320,24 @@ type terminal struct {
 }
 
 func newTerminal(user [3]*os.File) (*terminal, error) {
-	master, slave, err := openPTY()
+	master, slave, err := termpkg.OpenPTY()
 	if err != nil {
 		return nil, fmt.Errorf("run: %w", err)
 	}
 	t := &terminal{user: user, master: master, slave: slave}
-	copyWinsize(user[0], slave)
+	termpkg.CopySize(user[0], slave)
 	return t, nil
 }
 
 // start puts the user's terminal into raw mode (the cage's pty does the
 // line discipline: echo, Ctrl-C, Ctrl-Z) and starts copying.
 func (t *terminal) start() error {
-	restore, err := makeRaw(t.user[0])
+	restore, err := termpkg.MakeRaw(t.user[0])
 	if err != nil {
 		return fmt.Errorf("run: raw mode: %w", err)
 	}
 	t.restore = restore
-	copyWinsize(t.user[0], t.master)
+	termpkg.CopySize(t.user[0], t.master)
 	go io.Copy(t.master, t.user[0])
 	t.out.Add(1)
 	go func() {

@@ -27,6 +27,9 @@ func Canonical(cfg *Config) ([]byte, error) {
 		if len(a.Environment) > 0 {
 			m["environment"] = a.Environment
 		}
+		if a.Interactive {
+			m["interactive"] = true
+		}
 		if a.Tools != "" {
 			m["tools"] = a.Tools
 		}

@@ -152,3 +152,18 @@ func (l *Loader) BuiltinPolicyNames() []string {
 	sort.Strings(names)
 	return names
 }
+
+// BuiltinDenies returns the deny patterns of every shipped policy: names
+// nixcage itself says a cage should not reach (telemetry, error reporting),
+// which `cagectl policy suggest` never proposes.
+func (l *Loader) BuiltinDenies() []string {
+	var out []string
+	for _, n := range l.BuiltinPolicyNames() {
+		p, diags := l.builtinPolicy(n)
+		if p == nil || diags.HasErrors() {
+			continue
+		}
+		out = append(out, p.policy.Deny...)
+	}
+	return out
+}

@@ -42,8 +42,10 @@ type Agent struct {
 	// already folded into the fields here; render adds its files.
 	Harness   string
 	Autostart bool
-	Resources Resources
-	Policy    policy.Policy // resolved; Policy.Name is the policy's name
+	// Interactive agents get a terminal that caged holds (cagectl attach).
+	Interactive bool
+	Resources   Resources
+	Policy      policy.Policy // resolved; Policy.Name is the policy's name
 	// InlinePolicy is set when the policy was declared inside the agent.
 	InlinePolicy bool
 	Secrets      []Secret

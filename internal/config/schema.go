@@ -37,6 +37,7 @@ type agentV1 struct {
 	Egress      *string           `hcl:"egress,optional"`
 	Harness     *string           `hcl:"harness,optional"`
 	Autostart   *bool             `hcl:"autostart,optional"`
+	Interactive *bool             `hcl:"interactive,optional"`
 	Inline      []policyV1        `hcl:"egress_policy,block"`
 	Resources   []resourcesV1     `hcl:"resources,block"`
 	Secrets     []secretV1        `hcl:"secret,block"`

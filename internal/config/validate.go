@@ -353,6 +353,12 @@ func (v *validator) agent(a *agentV1) *Agent {
 	if a.Autostart != nil {
 		ag.Autostart = *a.Autostart
 	}
+	if a.Interactive != nil && *a.Interactive {
+		if a.Backend == BackendPodman {
+			v.errorf(at(a.Body, "interactive"), "Interactive podman agent", "agent %q: interactive = true needs backend \"service\" or \"nspawn\" (caged hands the agent a terminal). Change the backend or remove interactive.", a.Name)
+		}
+		ag.Interactive = true
+	}
 	if len(a.Resources) > 1 {
 		v.errorf(block(a.Resources[1].Body), "Duplicate resources block", "agent %q has more than one resources block. Merge them.", a.Name)
 	}

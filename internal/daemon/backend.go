@@ -175,6 +175,11 @@ func (d *Daemon) Start(ctx context.Context, agent, by string) error {
 	if err := d.refuseRun(agent, "started again"); err != nil {
 		return err
 	}
+	if a := d.config().Agent(agent); a != nil && a.Interactive {
+		if err := d.ensureConsole(agent); err != nil {
+			return err
+		}
+	}
 	if err := d.refuseQuarantined(agent); err != nil {
 		return err
 	}
@@ -310,6 +315,7 @@ func (d *Daemon) Reload(ctx context.Context, by string) error {
 	d.cfg = cfg
 	d.mu.Unlock()
 	d.log.Info("reload", "by", by, "agents", len(cfg.Agents))
+	d.ensureConsoles()
 	err = d.reconcile(ctx, "reload by "+by)
 	d.publishAgents(ctx)
 	gen, channel := d.storeCurrent()

@@ -119,6 +119,8 @@ type Daemon struct {
 	audit          *auditTail
 	lastGeneration uint64
 	runs           map[string]*run // throw-away cages by name
+	consoles       map[string]*console
+	slicesOnce     sync.Once
 }
 
 // Serve runs caged with o until ctx ends.
@@ -194,6 +196,8 @@ func Serve(ctx context.Context, o Options) error {
 	// in systemd; the status reports the error.
 	rctx, rcancel := context.WithTimeout(ctx, startupReconcileTimeout)
 	d.cleanupOrphanRuns(rctx)
+	// Before the reconcile: interactive agents start only with a console.
+	d.ensureConsoles()
 	d.reconcile(rctx, "start")
 	rcancel()
 	gen, channel := d.storeCurrent()

@@ -394,6 +394,7 @@ func (d *Daemon) launchRun(ctx context.Context, r *run, agent *config.Agent, sto
 	// /run instance file wins over the /etc template, and the transient
 	// unit gets its drop-in). A reload would cost ~half a second and stall
 	// every other job on the host.
+	d.holdSlices(ctx)
 	unit := paths.Instance(paths.AgentTemplate, r.name)
 	props := []sdbus.Property{
 		sdbus.PropDescription(fmt.Sprintf("nixcage throw-away cage %s (%s backend) for %s", r.name, r.backend, r.by)),
@@ -443,6 +444,24 @@ func (d *Daemon) launchRun(ctx context.Context, r *run, agent *config.Agent, sto
 	return nil
 }
 
+// holdSlices starts the slices systemd puts template instances in
+// (system-nixcage\x2dprep.slice, ...) once, so that they stay: otherwise
+// a run's teardown empties them, systemd 252 removes them, and a unit of
+// the same template starting at that moment (another run, or a declared
+// agent) fails with "Failed to attach to cgroup ...: No such file or
+// directory" (found by checks/system).
+func (d *Daemon) holdSlices(ctx context.Context) {
+	d.slicesOnce.Do(func() {
+		for _, tpl := range append(reconcile.AgentUnits("x"), paths.Instance(paths.BindsTemplate, "x")) {
+			prefix, _, _ := strings.Cut(tpl, "@")
+			slice := "system-" + strings.ReplaceAll(prefix, "-", `\x2d`) + ".slice"
+			if err := d.units.Start(ctx, slice); err != nil {
+				d.log.Warn("hold slice", "slice", slice, "err", err)
+			}
+		}
+	})
+}
+
 // checkBinds verifies what the started cage's main process sees: for the
 // service backend its root is the cage's, for nspawn the unit's namespace
 // in which nspawn makes its binds.
@@ -479,9 +498,11 @@ func (d *Daemon) checkBinds(ctx context.Context, r *run, unit string) error {
 	return nil
 }
 
+// processGone: a process that has exited (a zombie included) has no root
+// any more; a live one always has one.
 func processGone(pid uint32) bool {
-	_, err := os.Stat(fmt.Sprintf("/proc/%d", pid))
-	return err != nil
+	_, err := os.Stat(fmt.Sprintf("/proc/%d/root", pid))
+	return errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ESRCH)
 }
 
 func writeRunSecrets(dir string, values map[string][]byte) error {

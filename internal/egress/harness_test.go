@@ -438,7 +438,9 @@ func (h *harness) start() {
 		cancel()
 		t.Fatalf("gateway did not start: %v", <-done)
 	}
-	h.stop = func() { cancel(); <-done }
+	// Idempotent: a test may stop and restart the gateway itself.
+	var once sync.Once
+	h.stop = func() { once.Do(func() { cancel(); <-done }) }
 	t.Cleanup(h.stop)
 }
 

@@ -187,14 +187,29 @@ func (g *Gateway) handleConnect(w http.ResponseWriter, r *http.Request, st *stat
 	// Run the tunnel on a fresh goroutine and let the HTTP server's
 	// connection goroutine end: it would otherwise pin the request, its
 	// buffers and a grown stack for the tunnel's whole life.
+	if st.intercepts(host) {
+		go func() {
+			defer release()
+			defer conn.Close()
+			g.intercept(conn, pre, t, rec, start)
+		}()
+		return
+	}
+	// A plain tunnel's SNI check and dial run here, on the server's
+	// goroutine, whose stack has grown anyway: the goroutine that then
+	// holds the tunnel for its whole life starts with a small stack (the
+	// ClientHello parse alone grows one past 16 KiB, held per idle tunnel).
+	up, sent, ok := g.openTunnel(conn, pre, t, rec, start)
+	if !ok {
+		conn.Close()
+		release()
+		return
+	}
 	go func() {
 		defer release()
 		defer conn.Close()
-		if st.intercepts(host) {
-			g.intercept(conn, pre, t, rec, start)
-			return
-		}
-		g.tunnel(conn, pre, t, rec, start)
+		defer up.Close()
+		g.relay(conn, up, t, rec, start, sent)
 	}()
 }
 

@@ -66,6 +66,10 @@ var harnesses = map[string]Harness{
 			"DISABLE_AUTOUPDATER":                      "1",
 			"DISABLE_TELEMETRY":                        "1",
 			"DISABLE_ERROR_REPORTING":                  "1",
+			// The cage is a sandbox: under nspawn and podman the agent is
+			// root of its own user namespace (no host privilege), where
+			// Claude Code refuses bypassPermissions unless told so.
+			"IS_SANDBOX": "1",
 		},
 		Files: map[string]string{
 			// Claude Code's managed memory on Linux: read at every start,

@@ -122,6 +122,10 @@ func EgressState(agent string) string { return filepath.Join(EgressStateRoot, ag
 // files in RuntimeRoot.
 func Runtime(agent string) string { return filepath.Join(RuntimeRoot, "cage", agent) }
 
+// ConsoleLink is where caged links the terminal it holds for an
+// interactive agent (a /dev/pts/N it made); the agent unit's TTYPath=.
+func ConsoleLink(agent string) string { return filepath.Join(RuntimeRoot, "console", agent) }
+
 // RunsRoot holds one directory per throw-away cage (cagectl run): its
 // rendered configuration, its secrets and the list of files installed for
 // it, so teardown (or caged after a crash) removes exactly those.

@@ -92,6 +92,19 @@ func (r *renderer) agent(a *config.Agent) error {
 		svc.add("Restart", "no")
 	}
 	svc.add("LimitCORE", "0")
+	if a.Interactive {
+		// caged holds the pty's master (cagectl attach); systemd opens the
+		// slave through the link caged made and makes it the agent's
+		// controlling terminal.
+		svc.add(
+			"StandardInput", "tty",
+			"StandardOutput", "tty",
+			"StandardError", "tty",
+			"TTYPath", paths.ConsoleLink(a.Name),
+			"TTYReset", "yes",
+			"TTYVHangup", "no",
+		)
+	}
 	if a.Resources.CPU != "" {
 		svc.add("CPUQuota", a.Resources.CPU)
 	}
@@ -125,6 +138,11 @@ func (r *renderer) agent(a *config.Agent) error {
 	if a.Backend != config.BackendService && r.run == nil {
 		m := r.workspaceMount(a)
 		unitSec.add("Requires", m, "After", m)
+	}
+	if a.Interactive {
+		// Without caged's terminal there is nothing to attach to: systemd
+		// skips the start (caged makes the terminal, then starts it).
+		unitSec.add("ConditionPathExists", paths.ConsoleLink(a.Name))
 	}
 	unitSec.add(
 		"ConditionPathExists", "!"+paths.QuarantineMark(a.Name),
@@ -171,6 +189,9 @@ func cageEnv(a *config.Agent) [][2]string {
 		{"HOME", paths.CageWorkspace},
 		{"PATH", paths.CageTools + "/bin:/usr/local/bin:/usr/bin:/bin"},
 		{"NIXCAGE_AGENT", a.Name},
+	}
+	if _, set := a.Environment["TERM"]; a.Interactive && !set {
+		env = append(env, [2]string{"TERM", "xterm-256color"})
 	}
 	keys := make([]string, 0, len(a.Environment))
 	for k := range a.Environment {
@@ -342,7 +363,7 @@ func (r *renderer) nspawnBackend(a *config.Agent) section {
 		// unit's RestrictAddressFamilies=; a unit-level SystemCallFilter=
 		// makes nspawn itself fail (exit 255). cage-seal refuses it too.
 		"--system-call-filter=~" + ioURing,
-		"--as-pid2", "--console=" + r.run.console(),
+		"--as-pid2", "--console=" + r.console(a),
 		"--machine=nixcage-" + a.Name,
 		"--chdir=" + paths.CageWorkspace,
 		"--bind-ro=" + r.bin("cage-seal") + ":" + paths.CageSeal,
@@ -508,7 +529,13 @@ func (r *renderer) podmanBackend(a *config.Agent) section {
 	s := sec("Service",
 		"Type", "exec",
 		"ExecStart", r.withStoreBinds(a, config.BackendPodman, []string{r.o.Podman, "--runtime", "runc", "run"}, argv),
-		"ExecStopPost", "-"+quoteCmd([]string{r.o.Podman, "rm", "--force", "--ignore", name}),
+		// --rm removes the container when podman ends by itself (the
+		// container's own status, below podman's 125-127); only a podman
+		// that was killed or failed leaves one behind, so only then pay
+		// for another podman (~200 ms under load; docs/performance.md).
+		// --replace at the next start is the second net.
+		"ExecStopPost", "-"+quoteCmd([]string{"/bin/sh", "-c",
+			`[ "$EXIT_CODE" = exited ] && [ "$EXIT_STATUS" -lt 125 ] || exec '` + r.o.Podman + `' rm --force --ignore "$0"`, name}),
 		"Environment", "CONTAINERS_CONF="+filepath.Join(r.o.Prefix, paths.PodmanConf),
 		"Delegate", "yes",
 		"KillMode", "mixed",

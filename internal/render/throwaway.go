@@ -55,8 +55,8 @@ func CheckBindPath(p string) error {
 	return nil
 }
 
-func (t *Throwaway) console() string {
-	if t != nil && t.TTY {
+func (r *renderer) console(a *config.Agent) string {
+	if a.Interactive || r.run != nil && r.run.TTY {
 		// nspawn makes its own pty for the payload, its controlling
 		// terminal, so Ctrl-C and window size reach the foreground process.
 		return "interactive"

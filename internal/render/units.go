@@ -87,6 +87,9 @@ func (r *renderer) caged() {
 		"SystemCallErrorNumber", "EPERM",
 		"MemoryDenyWriteExecute", "yes",
 		"DevicePolicy", "closed",
+		// caged holds the terminals of interactive agents (cagectl attach).
+		"DeviceAllow", "/dev/ptmx rw",
+		"DeviceAllow", "char-pts rw",
 	)
 	r.unit(paths.CagedUnit,
 		sec("Unit",
@@ -382,8 +385,13 @@ func (r *renderer) tmpfiles() {
 	}
 	r.add(paths.TmpfilesConf, 0o644, []byte(b.String()))
 	// podman's default sysctls (net.ipv4.ping_group_range) cannot be set in
-	// a namespace the container does not own.
-	r.add(paths.PodmanConf, 0o644, []byte("# Rendered by cagectl render: containers.conf for nixcage's podman cages.\n[containers]\ndefault_sysctls = []\n"))
+	// a namespace the container does not own. The container's output goes
+	// straight to the unit's stdout (the journal, as for the other
+	// backends) instead of through conmon into a log file, and podman logs
+	// no lifecycle events of its own (the unit's journal has the start and
+	// the end): both are per-start work (docs/performance.md).
+	r.add(paths.PodmanConf, 0o644, []byte("# Rendered by cagectl render: containers.conf for nixcage's podman cages.\n"+
+		"[containers]\ndefault_sysctls = []\nlog_driver = \"passthrough\"\n\n[engine]\nevents_logger = \"none\"\n"))
 }
 
 func skeleton(b *strings.Builder, root string, files ...string) {

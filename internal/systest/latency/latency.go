@@ -1,14 +1,21 @@
 // Package latency measures how long starting a cage takes, per backend,
 // against the same command started by systemd with no cage, in the same
-// booted machine and the same run, and reports the ratios.
+// booted machine and the same run (round by round interleaved, so the load
+// of a shared machine falls on all alike), and reports the ratios.
 //
 // The figure: from a clock reading right before `systemctl start` to the
 // journal stamp of PID 1's "Deactivated successfully" for the unit, for a
 // command that does nothing (/bin/true), against a plain unit with the same
-// command started the same way. That is the cost of setting up and tearing down the cage
-// itself (namespaces, mounts, user mapping, nspawn or podman), without
-// polling noise. The gateway, namespace and prepare units are warm (started
-// once before measuring), as they are for an agent that restarts.
+// command started the same way. That is the cost of setting up and tearing
+// down the cage itself (namespaces, mounts, user mapping, nspawn or podman),
+// without polling noise. The gateway, namespace and prepare units are warm
+// (started once before measuring), as they are for an agent that restarts.
+//
+// The breakdown: after each start, systemd's own stamps of every unit of
+// the chain (left inactive, forked its main process, active, main process
+// exited, inactive again), placed on the same clock, as median offsets from
+// the start; and once per backend a cold start (namespace, prepare step,
+// sockets from nothing) with the same stamps.
 package latency
 
 import (
@@ -24,6 +31,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/coreos/go-systemd/v22/unit"
+
+	"github.com/nixcage/nixcage/internal/paths"
 	"github.com/nixcage/nixcage/internal/systest"
 )
 
@@ -92,57 +102,148 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 
-	type row struct {
-		name    string
-		samples []time.Duration
-		err     error
-	}
-	var rows []row
 	// The baseline is a plain unit started the same way as the agents.
 	if err := m.WriteFile("/etc/systemd/system/bench-base.service", []byte(baseUnit), 0o644); err != nil {
+		return err
+	}
+	// systemd unloads an inactive unit nothing refers to, and with it its
+	// stamps: an active target ordered after every unit measured keeps
+	// them loaded (After= pulls nothing in).
+	hold := []string{"bench-base.service"}
+	for _, b := range backends {
+		hold = append(hold, coldChain(b.backend, b.agent)...)
+	}
+	if err := m.WriteFile("/etc/systemd/system/bench-hold.target", []byte("[Unit]\nDescription=keeps the measured units loaded\nAfter="+strings.Join(hold, " ")+"\n"), 0o644); err != nil {
 		return err
 	}
 	if _, err := m.Run(ctx, "systemctl", "daemon-reload"); err != nil {
 		return err
 	}
-	base := row{name: "no cage (plain unit)"}
-	base.samples, base.err = measure(ctx, m, *n, "bench-base.service")
-	rows = append(rows, base)
-	for _, b := range []struct{ backend, agent string }{{"service", "svc"}, {"nspawn", "nsp"}, {"podman", "pod"}} {
-		r := row{name: b.backend}
-		// Warm the gateway side once; a failing backend is reported, not fatal.
-		if _, err := m.Run(ctx, "systemctl", "start", "nixcage-prep@"+b.agent+".service", systest.ProxySocket(b.agent), systest.DNSSocket(b.agent)); err != nil {
-			j, _ := m.Run(ctx, "journalctl", "--no-pager", "-n", "15", "-u", "nixcage-prep@"+b.agent+".service", "-u", "nixcage-netns@"+b.agent+".service")
-			r.err = fmt.Errorf("%w\n%s", err, j)
-			rows = append(rows, r)
-			continue
-		}
-		r.samples, r.err = measure(ctx, m, *n, systest.AgentUnit(b.agent))
+	if _, err := m.Run(ctx, "systemctl", "start", "bench-hold.target"); err != nil {
+		return err
+	}
+	rows := []*row{{name: "no cage (plain unit)", unit: "bench-base.service", chain: []string{"bench-base.service"}}}
+	for _, b := range backends {
+		r := &row{name: b.backend, agent: b.agent, unit: systest.AgentUnit(b.agent), chain: perStart(b.backend, b.agent)}
+		// The cold start, once: namespace, prepare step, sockets, mount and
+		// every per-start step, from nothing. A failing backend is
+		// reported, not fatal.
+		r.cold, r.err = coldStart(ctx, m, b.backend, b.agent)
 		rows = append(rows, r)
 	}
-
-	baseMed := median(base.samples)
-	fmt.Fprintf(out, "\ncage start latency: systemctl start -> Deactivated, /bin/true, n=%d, median (p90)\n", *n)
-	fmt.Fprintf(out, "%-24s %10s %10s %8s  %s\n", "backend", "median", "p90", "ratio", "target")
-	targets := map[string]string{"service": "<= 1.5x", "nspawn": "<= 300 ms", "podman": "reported"}
-	for _, r := range rows {
-		if r.err != nil {
-			fmt.Fprintf(out, "%-24s %10s %10s %8s  %s\n", r.name, "-", "-", "-", "FAILED: "+oneLine(r.err.Error()))
-			continue
-		}
-		med, p90 := median(r.samples), pct(r.samples, 0.9)
-		ratio := "1.00x"
-		if r.name != base.name && baseMed > 0 {
-			ratio = fmt.Sprintf("%.2fx", float64(med)/float64(baseMed))
-		}
-		fmt.Fprintf(out, "%-24s %10s %10s %8s  %s\n", r.name, ms(med), ms(p90), ratio, targets[r.name])
-	}
-	for _, r := range rows {
-		if r.err != nil {
-			fmt.Fprintf(out, "\n%s failed:\n%v\n", r.name, r.err)
+	// Warm starts, interleaved round by round so that the load on this
+	// shared machine falls on every backend and the baseline alike.
+	for i := 0; i < *n; i++ {
+		for _, r := range rows {
+			if r.err != nil {
+				continue
+			}
+			var s sample
+			s, r.err = measure(ctx, m, r.unit, r.chain)
+			r.samples = append(r.samples, s)
 		}
 	}
+	// What the nspawn and podman wrappers run before their manager: the
+	// store bind resolution, timed alone in the machine.
+	bindsAlone := map[string]time.Duration{}
+	for _, b := range []string{"service", "nspawn", "podman"} {
+		var ds []time.Duration
+		for i := 0; i < *n; i++ {
+			d, err := timeInMachine(ctx, m, "/usr/local/bin/cagectl store binds --store /var/lib/nixcage/store --for "+b+" >/dev/null")
+			if err != nil {
+				return err
+			}
+			ds = append(ds, d)
+		}
+		bindsAlone[b] = median(ds)
+	}
+	load, _ := m.ReadFile("/proc/loadavg")
+	report(out, *n, rows, bindsAlone, strings.TrimSpace(string(load)))
 	return nil
+}
+
+var backends = []struct{ backend, agent string }{{"service", "svc"}, {"nspawn", "nsp"}, {"podman", "pod"}}
+
+type row struct {
+	name, agent, unit string
+	chain             []string // units that run again at every start, in order
+	samples           []sample
+	cold              sample
+	err               error
+}
+
+// A sample is one start: the total span and the stamps of every unit state
+// change in the chain, as offsets from the clock reading before the start.
+type sample struct {
+	total  time.Duration
+	events []event
+}
+
+type event struct {
+	name string // unit:stamp
+	at   time.Duration
+}
+
+// perStart names the units a warm start runs (the gateway side, namespace
+// and mount stay active between starts), in the order systemd runs them.
+func perStart(backend, agent string) []string {
+	var u []string
+	if backend == "service" {
+		u = append(u, paths.Instance(paths.BindsTemplate, agent))
+	}
+	return append(u, systest.AgentUnit(agent))
+}
+
+// coldChain is every unit of an agent's start from nothing.
+func coldChain(backend, agent string) []string {
+	u := []string{paths.Instance(paths.NetnsTemplate, agent), paths.Instance(paths.PrepTemplate, agent),
+		systest.ProxySocket(agent), systest.DNSSocket(agent)}
+	if backend != "service" {
+		u = append(u, mountUnit(agent))
+	}
+	return append(u, perStart(backend, agent)...)
+}
+
+func mountUnit(agent string) string {
+	return unit.UnitNamePathEscape(paths.DefaultWorkspace(agent)) + ".mount"
+}
+
+// coldStart stops the agent's namespace (which takes every unit bound to it
+// along) and its mount, times one start from nothing, then leaves the
+// gateway side warm for the warm starts.
+func coldStart(ctx context.Context, m *systest.Machine, backend, agent string) (sample, error) {
+	stop := []string{"systemctl", "stop", paths.Instance(paths.NetnsTemplate, agent), paths.Instance(paths.PrepTemplate, agent)}
+	if backend != "service" {
+		stop = append(stop, mountUnit(agent))
+	}
+	if _, err := m.Run(ctx, stop...); err != nil {
+		return sample{}, err
+	}
+	s, err := measure(ctx, m, systest.AgentUnit(agent), coldChain(backend, agent))
+	if err != nil {
+		j, _ := m.Run(ctx, "journalctl", "--no-pager", "-n", "15", "-u", "nixcage-*@"+agent+".service")
+		return s, fmt.Errorf("%w\n%s", err, j)
+	}
+	// Keep the gateway side up between warm starts, as for an agent that
+	// restarts (the sockets hold the namespace and prepare step).
+	if _, err := m.Run(ctx, "systemctl", "start", systest.ProxySocket(agent), systest.DNSSocket(agent)); err != nil {
+		return s, err
+	}
+	return s, nil
+}
+
+// stamps are the unit properties read after each start: when the unit left
+// inactive, forked its main process, became active, its main process
+// exited, and it was inactive again.
+var stamps = []string{"InactiveExitTimestampMonotonic", "ExecMainStartTimestampMonotonic",
+	"ActiveEnterTimestampMonotonic", "ExecMainExitTimestampMonotonic", "InactiveEnterTimestampMonotonic"}
+
+var stampName = map[string]string{
+	"InactiveExitTimestampMonotonic":  "starting",
+	"ExecMainStartTimestampMonotonic": "forked",
+	"ActiveEnterTimestampMonotonic":   "active",
+	"ExecMainExitTimestampMonotonic":  "exited",
+	"InactiveEnterTimestampMonotonic": "inactive",
 }
 
 // baseUnit runs the same command with no cage; Type=exec as the agents.
@@ -154,32 +255,83 @@ Type=exec
 ExecStart=/bin/true
 `
 
-// measure starts a unit n times. Each span runs from a clock reading taken
-// in the machine right before `systemctl start --no-block` to the realtime
-// stamp of PID 1's "Deactivated successfully" message for that start, so
-// polling for the result adds nothing to the figure.
-func measure(ctx context.Context, m *systest.Machine, n int, unit string) ([]time.Duration, error) {
-	var ds []time.Duration
-	for i := 0; i < n; i++ {
-		cur, err := cursor(ctx, m)
-		if err != nil {
-			return nil, err
-		}
-		out, err := m.Shell(ctx, "date +%s%N; systemctl start --no-block "+unit)
-		if err != nil {
-			return nil, err
-		}
-		t0, err := strconv.ParseInt(strings.TrimSpace(out), 10, 64)
-		if err != nil {
-			return nil, fmt.Errorf("clock reading %q: %w", out, err)
-		}
-		t1, err := finished(ctx, m, unit, cur)
-		if err != nil {
-			return nil, err
-		}
-		ds = append(ds, time.Duration(t1*1000-t0))
+// measure starts a unit once. The span runs from a clock reading taken in
+// the machine right before `systemctl start --no-block` to the stamp of
+// PID 1's "Deactivated successfully" message for that start, so polling
+// for the result adds nothing to the figure. Then it reads the chain's
+// own stamps from systemd (monotonic, placed on the same clock through the
+// journal entry, which carries both).
+func measure(ctx context.Context, m *systest.Machine, unit string, chain []string) (sample, error) {
+	// Units kept loaded keep their start-rate counters (the agent's 5 in
+	// 60 s, a oneshot's systemd default 5 in 10 s); reset them.
+	if _, err := m.Run(ctx, append([]string{"systemctl", "reset-failed"}, chain...)...); err != nil {
+		return sample{}, err
 	}
-	return ds, nil
+	cur, err := cursor(ctx, m)
+	if err != nil {
+		return sample{}, err
+	}
+	out, err := m.Shell(ctx, "date +%s%N; systemctl start --no-block "+unit)
+	if err != nil {
+		return sample{}, err
+	}
+	t0, err := strconv.ParseInt(strings.TrimSpace(out), 10, 64)
+	if err != nil {
+		return sample{}, fmt.Errorf("clock reading %q: %w", out, err)
+	}
+	real, mono, err := finished(ctx, m, unit, cur)
+	if err != nil {
+		return sample{}, err
+	}
+	s := sample{total: time.Duration(real*1000 - t0)}
+	args := []string{"systemctl", "show", "-p", strings.Join(stamps, ",")}
+	out, err = m.Run(ctx, append(args, chain...)...)
+	if err != nil {
+		return s, err
+	}
+	// One block per unit, in the order asked, separated by blank lines.
+	for i, block := range strings.Split(strings.TrimSpace(out), "\n\n") {
+		if i >= len(chain) {
+			break
+		}
+		for _, line := range strings.Split(block, "\n") {
+			k, v, _ := strings.Cut(line, "=")
+			us, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || us == 0 {
+				continue
+			}
+			at := time.Duration((real-(mono-us))*1000 - t0)
+			if at < 0 {
+				continue // a stamp from an earlier start or stop
+			}
+			s.events = append(s.events, event{short(chain[i]) + " " + stampName[k], at})
+		}
+	}
+	return s, nil
+}
+
+// short drops what every unit name of the chain repeats.
+func short(u string) string {
+	if i := strings.IndexByte(u, '@'); i > 0 {
+		return u[:i] + u[strings.LastIndexByte(u, '.'):]
+	}
+	if strings.HasSuffix(u, ".mount") {
+		return "workspace.mount"
+	}
+	return u
+}
+
+// timeInMachine times a shell command by the machine's own clock.
+func timeInMachine(ctx context.Context, m *systest.Machine, script string) (time.Duration, error) {
+	out, err := m.Shell(ctx, "a=$(date +%s%N); "+script+"; b=$(date +%s%N); echo $((b-a))")
+	if err != nil {
+		return 0, err
+	}
+	ns, err := strconv.ParseInt(strings.TrimSpace(out), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("clock reading %q: %w", out, err)
+	}
+	return time.Duration(ns), nil
 }
 
 func cursor(ctx context.Context, m *systest.Machine) (string, error) {
@@ -198,34 +350,117 @@ func cursor(ctx context.Context, m *systest.Machine) (string, error) {
 const msgUnitSuccess = "7ad2d189f7e94e70a38c781354912448"
 
 // finished waits for the unit's success message after the cursor and
-// returns its realtime stamp (µs). A failed start is an error naming why.
-func finished(ctx context.Context, m *systest.Machine, unit, after string) (int64, error) {
+// returns its realtime and monotonic stamps (µs). A failed start is an
+// error naming why.
+func finished(ctx context.Context, m *systest.Machine, unit, after string) (int64, int64, error) {
 	deadline := time.Now().Add(time.Minute)
 	for {
 		out, err := m.Run(ctx, "journalctl", "--after-cursor="+after, "-o", "json", "-u", unit)
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		for _, line := range strings.Split(out, "\n") {
 			var e struct {
 				ID   string `json:"MESSAGE_ID"`
 				Real string `json:"__REALTIME_TIMESTAMP"`
+				Mono string `json:"__MONOTONIC_TIMESTAMP"`
 			}
 			if json.Unmarshal([]byte(line), &e) == nil && e.ID == msgUnitSuccess {
-				return strconv.ParseInt(e.Real, 10, 64)
+				r, err1 := strconv.ParseInt(e.Real, 10, 64)
+				mo, err2 := strconv.ParseInt(e.Mono, 10, 64)
+				if err1 != nil || err2 != nil {
+					return 0, 0, fmt.Errorf("journal stamps %q %q", e.Real, e.Mono)
+				}
+				return r, mo, nil
 			}
 		}
 		st, err := m.UnitState(ctx, unit)
 		if err == nil && (st.Active == "failed" || st.Sub == "auto-restart") {
 			j, _ := m.Journal(ctx, unit)
 			m.Run(ctx, "systemctl", "stop", unit)
-			return 0, fmt.Errorf("%s ended with %s: %s", unit, st.Result, lastLines(j, 3))
+			return 0, 0, fmt.Errorf("%s ended with %s: %s", unit, st.Result, lastLines(j, 3))
 		}
 		if time.Now().After(deadline) {
-			return 0, fmt.Errorf("%s did not finish within a minute", unit)
+			return 0, 0, fmt.Errorf("%s did not finish within a minute", unit)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// report prints the totals with their ratio to the plain unit, then each
+// backend's stages: the median offset of every stamp from the start and
+// the step from the one before.
+func report(out io.Writer, n int, rows []*row, bindsAlone map[string]time.Duration, load string) {
+	totals := func(r *row) []time.Duration {
+		var ds []time.Duration
+		for _, s := range r.samples {
+			ds = append(ds, s.total)
+		}
+		return ds
+	}
+	baseMed := median(totals(rows[0]))
+	fmt.Fprintf(out, "\ncage start latency: systemctl start -> Deactivated, /bin/true, n=%d interleaved, median (p90)\n", n)
+	fmt.Fprintf(out, "load average at the end: %s\n", load)
+	fmt.Fprintf(out, "%-24s %10s %10s %8s  %s\n", "backend", "median", "p90", "ratio", "target")
+	targets := map[string]string{"service": "<= 1.5x", "nspawn": "<= 150 ms", "podman": "reported"}
+	for _, r := range rows {
+		if r.err != nil {
+			fmt.Fprintf(out, "%-24s %10s %10s %8s  %s\n", r.name, "-", "-", "-", "FAILED: "+oneLine(r.err.Error()))
+			continue
+		}
+		t := totals(r)
+		med := median(t)
+		fmt.Fprintf(out, "%-24s %10s %10s %7.2fx  %s\n", r.name, ms(med), ms(pct(t, 0.9)), float64(med)/float64(baseMed), targets[r.name])
+	}
+	for _, r := range rows {
+		if r.err != nil {
+			continue
+		}
+		fmt.Fprintf(out, "\n%s, warm start (median offset from `systemctl start`, step from the stamp before)\n", r.name)
+		stages(out, r.samples, baseMed)
+		if b, ok := bindsAlone[r.name]; ok && r.name != "service" {
+			fmt.Fprintf(out, "  of which the ExecStart wrapper's `cagectl store binds` alone: %s\n", ms(b))
+		}
+		if len(r.cold.events) > 0 {
+			fmt.Fprintf(out, "%s, cold start (n=1: namespace, prepare step, sockets from nothing)\n", r.name)
+			stages(out, []sample{r.cold}, baseMed)
+		}
+	}
+	if b, ok := bindsAlone["service"]; ok {
+		fmt.Fprintf(out, "\n`cagectl store binds` alone (no unit around it): %s\n", ms(b))
+	}
+	for _, r := range rows {
+		if r.err != nil {
+			fmt.Fprintf(out, "\n%s failed:\n%v\n", r.name, r.err)
+		}
+	}
+}
+
+func stages(out io.Writer, ss []sample, base time.Duration) {
+	at := map[string][]time.Duration{}
+	var total []time.Duration
+	for _, s := range ss {
+		for _, e := range s.events {
+			at[e.name] = append(at[e.name], e.at)
+		}
+		total = append(total, s.total)
+	}
+	type st struct {
+		name string
+		at   time.Duration
+	}
+	var list []st
+	for k, v := range at {
+		list = append(list, st{k, median(v)})
+	}
+	sort.Slice(list, func(i, j int) bool { return list[i].at < list[j].at })
+	prev := time.Duration(0)
+	for _, e := range list {
+		fmt.Fprintf(out, "  %10s  %10s  %s\n", ms(e.at), "+"+ms(e.at-prev), e.name)
+		prev = e.at
+	}
+	t := median(total)
+	fmt.Fprintf(out, "  %10s  %10s  Deactivated (journal); total %.2fx the plain unit\n", ms(t), "+"+ms(t-prev), float64(t)/float64(base))
 }
 
 func median(ds []time.Duration) time.Duration { return pct(ds, 0.5) }

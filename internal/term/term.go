@@ -1,4 +1,8 @@
-package cli
+// Package term is the little of terminals nixcage needs: a pty pair from
+// /dev/ptmx, raw mode, and window sizes (x/sys/unix has the ioctls; no
+// PTY library is needed for this much). cagectl run/attach and caged's
+// consoles for interactive agents use it.
+package term
 
 import (
 	"fmt"
@@ -7,11 +11,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// A pseudo-terminal pair from /dev/ptmx, with the few ioctls cagectl run
-// needs (x/sys/unix has them; no PTY library is needed for this much).
-
-// openPTY returns a new pty's master and slave.
-func openPTY() (master, slave *os.File, err error) {
+// OpenPTY returns a new pty's master and slave.
+func OpenPTY() (master, slave *os.File, err error) {
 	master, err = os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, nil, fmt.Errorf("open /dev/ptmx: %w", err)
@@ -34,9 +35,15 @@ func openPTY() (master, slave *os.File, err error) {
 	return master, slave, nil
 }
 
-// makeRaw puts a terminal into raw mode (as cfmakeraw does) and returns
-// a function restoring it.
-func makeRaw(f *os.File) (restore func(), err error) {
+// IsTerminal reports whether f is a terminal.
+func IsTerminal(f *os.File) bool {
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}
+
+// MakeRaw puts a terminal into raw mode (as cfmakeraw does) and returns a
+// function restoring it.
+func MakeRaw(f *os.File) (restore func(), err error) {
 	fd := int(f.Fd())
 	old, err := unix.IoctlGetTermios(fd, unix.TCGETS)
 	if err != nil {
@@ -56,12 +63,24 @@ func makeRaw(f *os.File) (restore func(), err error) {
 	return func() { unix.IoctlSetTermios(fd, unix.TCSETS, old) }, nil
 }
 
-// copyWinsize gives to the size of from (the user's terminal); the kernel
-// then signals SIGWINCH to the foreground process group of to's session.
-func copyWinsize(from, to *os.File) {
-	ws, err := unix.IoctlGetWinsize(int(from.Fd()), unix.TIOCGWINSZ)
+// Size is a terminal's window size.
+func Size(f *os.File) (rows, cols uint16, ok bool) {
+	ws, err := unix.IoctlGetWinsize(int(f.Fd()), unix.TIOCGWINSZ)
 	if err != nil {
-		return
+		return 0, 0, false
 	}
-	unix.IoctlSetWinsize(int(to.Fd()), unix.TIOCSWINSZ, ws)
+	return ws.Row, ws.Col, true
+}
+
+// SetSize sets a terminal's window size; the kernel then signals SIGWINCH
+// to the foreground process group of its session.
+func SetSize(f *os.File, rows, cols uint16) error {
+	return unix.IoctlSetWinsize(int(f.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Row: rows, Col: cols})
+}
+
+// CopySize gives to the size of from.
+func CopySize(from, to *os.File) {
+	if rows, cols, ok := Size(from); ok {
+		SetSize(to, rows, cols)
+	}
 }
