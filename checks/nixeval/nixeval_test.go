@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 
 	"github.com/nixcage/nixcage/internal/testenv"
@@ -49,6 +50,11 @@ func nixpkgsLib(t *testing.T) string {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "lib", "default.nix")); err != nil {
 		t.Fatalf("NIXPKGS_LIB=%s has no lib/default.nix: point it at a checkout of nix-community/nixpkgs.lib, or unset it to skip these tests", dir)
+	}
+	// Debian's single-user Nix sets up /nix/var/nix/profiles/per-user on
+	// every evaluation, which only root may do there.
+	if os.Geteuid() != 0 && syscall.Access("/nix/var/nix/profiles/per-user", 2 /* W_OK */) != nil {
+		testenv.RequireRoot(t, "nix-instantiate needs to write /nix/var/nix/profiles/per-user, which Debian's single-user Nix (nix-bin) lets only root do")
 	}
 	return dir
 }
