@@ -1,29 +1,56 @@
 #!/usr/bin/env bash
-# Egress gateway benchmarks: cage-egress against direct connections and peers
-# (tinyproxy, stripe/smokescreen if it builds, mitmproxy's mitmdump), all on
-# loopback against the same upstream, in one run so ratios are comparable.
+# Egress gateway benchmarks: cage-egress against a direct connection and
+# peers (Debian's squid, a default github.com/elazarl/goproxy, stripe's
+# smokescreen if it builds, mitmproxy's mitmdump), all on loopback against the
+# same HTTPS upstream. Rounds are interleaved, every proxy is started fresh in
+# every round, and each figure is a ratio to the direct connection measured
+# in the same round (median over rounds), so a load change on this shared
+# machine moves the direct figure with the others.
 #
-#   bench/egress/run.sh            # full run (~7 minutes: tinyproxy takes ~90 ms
-#                                  # per new tunnel here, 2000 of them)
-#   QUICK=1 bench/egress/run.sh    # smaller counts
+#   bench/egress/run.sh            # full: 3 rounds, 2000 new tunnels, 512 MiB
+#                                  # bulk, 8 keep-alive tunnels for 5 s, 1000
+#                                  # held tunnels, 8 intercepted clients
+#   QUICK=1 bench/egress/run.sh    # 1 round, smaller counts (~2 minutes)
 #
-# Needs: go, tinyproxy, mitmdump (Debian: apt-get install tinyproxy mitmproxy),
-# python3. smokescreen is fetched with `go install` into a temp GOBIN; set
+# Destinations: the "name" round gives every proxy up.bench.test, resolved
+# through the same loopback resolver (cage-egress --resolver, squid
+# dns_nameservers, goproxy -resolver, smokescreen --resolver-address); the
+# "ip" round gives 127.0.0.1 to every proxy that accepts an IP literal.
+# cage-egress refuses IP literals by design (policy is by name), so it has
+# no ip row. mitmdump only resolves through the system resolver: ip only.
+#
+# Needs: go, python3, squid (installed with apt-get if missing and apt-get is
+# there; its init script is never started), mitmdump (optional). goproxy is
+# built from bench/egress/goproxy, its own module, so it is no dependency of
+# nixcage. smokescreen is fetched with `go install` into a temp GOBIN; set
 # SMOKESCREEN=/path/to/binary to reuse one, or SMOKESCREEN=none to skip.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 W=$(mktemp -d /tmp/egress-bench.XXXXXX)
+chmod 755 "$W"
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$W"; }
 trap cleanup EXIT
 ulimit -n 65536 2>/dev/null || ulimit -n 8192
+unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY all_proxy ALL_PROXY
 
-N_LAT=${N_LAT:-2000}; BULK=${BULK:-$((512 << 20))}; ROUNDS=${ROUNDS:-5}; RPS_SECS=${RPS_SECS:-10s}; HOLD=${HOLD:-1000}
-if [ -n "${QUICK:-}" ]; then N_LAT=300; BULK=$((256 << 20)); ROUNDS=3; RPS_SECS=3s; fi
-P_CAGE=${P_CAGE:-23128}; P_TINY=${P_TINY:-23129}; P_SMOKE=${P_SMOKE:-23130}; P_MITM=${P_MITM:-23131}; P_RSS=${P_RSS:-23132}
+N_LAT=${N_LAT:-2000}; BULK=${BULK:-$((512 << 20))}; ROUNDS=${ROUNDS:-3}; KA_SECS=${KA_SECS:-5s}; HOLD=${HOLD:-1000}; ICPT_SECS=${ICPT_SECS:-5s}
+if [ -n "${QUICK:-}" ]; then N_LAT=300; BULK=$((128 << 20)); ROUNDS=1; KA_SECS=2s; HOLD=300; ICPT_SECS=2s; fi
+PORT=${PORT:-23140}
+# squid takes nameservers without a port: the bench resolver listens on
+# port 53 of a loopback address no one else uses.
+DNS=${DNS_ADDR:-127.77.$((RANDOM % 250 + 1)).53:53}
 
 echo "== building" >&2
 (cd "$ROOT" && go build -o "$W/cage-egress" ./cmd/cage-egress && go build -o "$W/loadgen" ./bench/egress/loadgen)
+(cd "$ROOT/bench/egress/goproxy" && go build -o "$W/goproxy" .)
+if ! command -v squid >/dev/null && command -v apt-get >/dev/null; then
+  echo "== installing squid" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends squid >"$W/apt.log" 2>&1 || { cat "$W/apt.log" >&2; exit 1; }
+fi
+SQUID=$(command -v squid || true)
+[ -n "$SQUID" ] || echo "squid not found; skipping it" >&2
+MITM=$(command -v mitmdump || true)
 SMOKE_BIN=${SMOKESCREEN:-}
 if [ -z "$SMOKE_BIN" ]; then
   if (cd "$W" && GOBIN="$W/bin" GOFLAGS=-mod=mod go install github.com/stripe/smokescreen@latest) >"$W/smoke-build.log" 2>&1; then
@@ -41,12 +68,13 @@ background() {
   for _ in $(seq 100); do [ -s "$out" ] && break; sleep 0.05; done
   printf -v "$var" '%s' "$(head -1 "$out")"
 }
-wait_port() { for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 did not open" >&2; return 1; }
+wait_port() { for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 did not open" >&2; return 1; }
 rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 
 background UP "$W/loadgen" upstream -dir "$W/upca"
 UP_PORT=${UP##*:}
-background DNS "$W/loadgen" dns
+background DNSUP "$W/loadgen" dns -addr "$DNS"
+[ "$DNSUP" = "$DNS" ] || { echo "bench resolver did not start on $DNS: $(cat "$W/bg.err")" >&2; exit 1; }
 
 mkdir -p "$W/creds"
 printf 'sk-ant-api03-%s\n' "$(head -c 60 /dev/urandom | base64 | tr -dc A-Za-z0-9 | head -c 64)" >"$W/creds/anthropic"
@@ -77,82 +105,152 @@ export CREDENTIALS_DIRECTORY="$W/creds"
 "$W/cage-egress" prepare --config "$W/egress.json" >&2
 PH=$(sed -n 's/^ANTHROPIC_API_KEY=//p' "$W/run/agent.env")
 
-"$W/cage-egress" --config "$W/egress.json" --listen-proxy 127.0.0.1:$P_CAGE --resolver "$DNS" --upstream-ca "$W/upca/ca.crt" --log-level warn 2>>"$W/egress.log" & PIDS+=($!)
-cat >"$W/tinyproxy.conf" <<CONF
-Port $P_TINY
-Listen 127.0.0.1
-Timeout 600
-MaxClients 4096
-LogLevel Critical
+# squid on loopback only, no cache, no logs but its cache.log, no hosts file
+# (names go to the bench resolver), one process (-N).
+mkdir -p "$W/squid"
+[ "$(id -u)" = 0 ] && chown proxy: "$W/squid" 2>/dev/null || true
+squid_conf() {
+  cat >"$W/squid.conf" <<CONF
+http_port 127.0.0.1:$1
+acl SSL_ports port $UP_PORT
+acl CONNECT method CONNECT
+http_access deny CONNECT !SSL_ports
+http_access allow localhost
+http_access deny all
+cache deny all
+cache_mem 0 MB
+access_log none
+cache_store_log none
+cache_log $W/squid/cache.log
+pid_filename none
+coredump_dir $W/squid
+netdb_filename none
+hosts_file none
+dns_nameservers ${DNS%:53}
+max_filedescriptors 65536
+shutdown_lifetime 0 seconds
 CONF
-tinyproxy -d -c "$W/tinyproxy.conf" >/dev/null 2>&1 & PIDS+=($!)
-mitmdump --listen-host 127.0.0.1 --listen-port $P_MITM --set ssl_insecure=true --set confdir="$W/mitm" --set flow_detail=0 -q >/dev/null 2>&1 & PIDS+=($!)
-if [ "$SMOKE_BIN" != none ]; then
-  "$SMOKE_BIN" --listen-ip 127.0.0.1 --listen-port $P_SMOKE --allow-range 127.0.0.0/8 --resolver-address "$DNS" --statsd-address 127.0.0.1:9 >/dev/null 2>&1 & PIDS+=($!)
-fi
-for p in $P_CAGE $P_TINY $P_MITM; do wait_port $p; done
-[ "$SMOKE_BIN" != none ] && wait_port $P_SMOKE
+}
+
+# start_proxy NAME PORT: starts a fresh NAME on PORT, sets PROXY_PID.
+start_proxy() {
+  local port=$2
+  case $1 in
+    # Tunnels only: no --upstream-ca, so the system roots are not loaded
+    # (they load at the first intercepted request, ~4.7 MiB; see
+    # docs/performance.md).
+    cage-egress) "$W/cage-egress" --config "$W/egress.json" --listen-proxy 127.0.0.1:$port --resolver "$DNS" --log-level warn 2>>"$W/egress.log" & ;;
+    cage-egress-icpt) "$W/cage-egress" --config "$W/egress.json" --listen-proxy 127.0.0.1:$port --resolver "$DNS" --upstream-ca "$W/upca/ca.crt" --log-level warn 2>>"$W/egress.log" & ;;
+    squid) squid_conf "$port"; "$SQUID" -N -f "$W/squid.conf" >/dev/null 2>>"$W/squid/stderr" & ;;
+    goproxy) "$W/goproxy" -listen 127.0.0.1:$port -resolver "$DNS" >/dev/null 2>&1 & ;;
+    smokescreen) "$SMOKE_BIN" --listen-ip 127.0.0.1 --listen-port $port --allow-range 127.0.0.0/8 --resolver-address "$DNS" --statsd-address 127.0.0.1:9 >/dev/null 2>&1 & ;;
+    mitmdump) "$MITM" --listen-host 127.0.0.1 --listen-port $port --set ssl_insecure=true --set confdir="$W/mitm" --set flow_detail=0 --set stream_large_bodies=1m -q >/dev/null 2>&1 & ;;
+  esac
+  PROXY_PID=$!; PIDS+=($PROXY_PID)
+  wait_port "$port"
+}
+stop_proxy() { kill "$PROXY_PID" 2>/dev/null || true; wait "$PROXY_PID" 2>/dev/null || true; }
+
+# proxy|destination kinds it is measured with
+peers=("cage-egress|name")
+[ -n "$SQUID" ] && peers+=("squid|name ip")
+peers+=("goproxy|name ip")
+[ "$SMOKE_BIN" != none ] && peers+=("smokescreen|name ip")
+[ -n "$MITM" ] && peers+=("mitmdump|ip")
 
 R="$W/results.jsonl"
 lg() { "$W/loadgen" "$@" >>"$R"; }
-# Tinyproxy and mitmdump resolve with the system resolver, so they get the
-# upstream as 127.0.0.1 (no DNS lookup: slightly favours them); cage-egress
-# and smokescreen resolve up.bench.test through the fake resolver.
-peers=("direct||127.0.0.1:$UP_PORT" "cage-egress|127.0.0.1:$P_CAGE|up.bench.test:$UP_PORT" "tinyproxy|127.0.0.1:$P_TINY|127.0.0.1:$UP_PORT")
-[ "$SMOKE_BIN" != none ] && peers+=("smokescreen|127.0.0.1:$P_SMOKE|up.bench.test:$UP_PORT")
-
-echo "== tunnel latency: $N_LAT requests, each on a new tunnel (TCP+CONNECT+TLS+GET)" >&2
-for p in "${peers[@]}"; do IFS='|' read -r name proxy target <<<"$p"; lg latency -label "$name" -proxy "$proxy" -target "$target" -n "$N_LAT"; done
-echo "== tunnel throughput: $BULK bytes, $ROUNDS interleaved rounds, median" >&2
-for _ in $(seq "$ROUNDS"); do
-  for p in "${peers[@]}"; do IFS='|' read -r name proxy target <<<"$p"; lg throughput -label "$name" -proxy "$proxy" -target "$target" -bytes "$BULK"; done
-done
-echo "== intercepted requests: keep-alive HTTP/1.1, 1 and 32 clients, $RPS_SECS each" >&2
-for c in 1 32; do
-  lg rps -label "direct c=$c" -target "127.0.0.1:$UP_PORT" -c $c -d "$RPS_SECS"
-  lg rps -label "cage-egress c=$c" -proxy 127.0.0.1:$P_CAGE -target "api.bench.test:$UP_PORT" -sni api.bench.test -header "x-api-key:$PH" -c $c -d "$RPS_SECS"
-  lg rps -label "mitmdump c=$c" -proxy 127.0.0.1:$P_MITM -target "127.0.0.1:$UP_PORT" -sni api.bench.test -c $c -d "$RPS_SECS"
+# direct SLOT: the direct figures right before one proxy's, so each ratio
+# compares two runs seconds apart (the load here moves by minutes).
+direct() {
+  lg latency -label "direct|$1" -target "127.0.0.1:$UP_PORT" -n "$N_LAT"
+  lg throughput -label "direct|$1" -target "127.0.0.1:$UP_PORT" -bytes "$BULK"
+  lg rps -label "direct|$1" -target "127.0.0.1:$UP_PORT" -c 8 -d "$KA_SECS"
+}
+for rnd in $(seq "$ROUNDS"); do
+  echo "== round $rnd/$ROUNDS (load: $(cut -d' ' -f1-3 /proc/loadavg))" >&2
+  echo "{\"mode\":\"load\",\"round\":$rnd,\"loadavg\":\"$(cut -d' ' -f1-3 /proc/loadavg)\"}" >>"$R"
+  for p in "${peers[@]}"; do
+    IFS='|' read -r name kinds <<<"$p"
+    for kind in $kinds; do
+      PORT=$((PORT + 1))
+      target="up.bench.test:$UP_PORT"; [ "$kind" = ip ] && target="127.0.0.1:$UP_PORT"
+      slot="$rnd.$name.$kind"; label="$name ($kind)|$slot"
+      echo "   $name ($kind)" >&2
+      direct "$slot"
+      start_proxy "$name" "$PORT"
+      lg latency -label "$label" -proxy 127.0.0.1:$PORT -target "$target" -n "$N_LAT"
+      lg throughput -label "$label" -proxy 127.0.0.1:$PORT -target "$target" -bytes "$BULK"
+      lg rps -label "$label" -proxy 127.0.0.1:$PORT -target "$target" -c 8 -d "$KA_SECS"
+      stop_proxy
+      # Memory on a second fresh instance: the figures above would have
+      # grown its heap; this is idle, then $HOLD open tunnels.
+      PORT=$((PORT + 1))
+      start_proxy "$name" "$PORT"
+      sleep 1
+      idle=$(rss_kib "$PROXY_PID")
+      "$W/loadgen" hold -proxy 127.0.0.1:$PORT -target "$target" -n "$HOLD" >"$W/hold.out" 2>>"$W/bg.err" & HOLD_PID=$!; PIDS+=($HOLD_PID)
+      for _ in $(seq 1200); do grep -q ready "$W/hold.out" 2>/dev/null && break; kill -0 $HOLD_PID 2>/dev/null || break; sleep 0.1; done
+      held=0
+      if grep -q ready "$W/hold.out"; then sleep 1; held=$(rss_kib "$PROXY_PID"); else echo "   $name: hold did not open $HOLD tunnels" >&2; fi
+      kill $HOLD_PID 2>/dev/null || true; wait $HOLD_PID 2>/dev/null || true
+      echo "{\"mode\":\"rss\",\"label\":\"$label\",\"idle_kib\":$idle,\"held_kib\":$held,\"tunnels\":$HOLD}" >>"$R"
+      stop_proxy
+    done
+  done
+  # Interception: cage-egress runs every inspector and injects a credential;
+  # mitmdump only re-encrypts. 8 keep-alive clients.
+  lg rps -label "direct|$rnd|icpt" -target "127.0.0.1:$UP_PORT" -c 8 -d "$ICPT_SECS"
+  PORT=$((PORT + 1)); start_proxy cage-egress-icpt "$PORT"
+  lg rps -label "cage-egress (name)|$rnd|icpt" -proxy 127.0.0.1:$PORT -target "api.bench.test:$UP_PORT" -sni api.bench.test -header "x-api-key:$PH" -c 8 -d "$ICPT_SECS"
+  stop_proxy
+  if [ -n "$MITM" ]; then
+    PORT=$((PORT + 1)); start_proxy mitmdump "$PORT"
+    lg rps -label "direct|$rnd.m|icpt" -target "127.0.0.1:$UP_PORT" -c 8 -d "$ICPT_SECS"
+    lg rps -label "mitmdump (ip)|$rnd.m|icpt" -proxy 127.0.0.1:$PORT -target "127.0.0.1:$UP_PORT" -sni api.bench.test -c 8 -d "$ICPT_SECS"
+    stop_proxy
+  fi
 done
 injected=$(grep -c '"secrets_injected":\["anthropic"\]' "$W/audit.jsonl" || true)
+opens=$(grep -c '"event":"open"' "$W/audit.jsonl" || true)
 
-echo "== memory: fresh gateway idle, then holding $HOLD tunnels" >&2
-"$W/cage-egress" --config "$W/egress.json" --listen-proxy 127.0.0.1:$P_RSS --resolver "$DNS" --log-level warn 2>>"$W/egress.log" & RSS_PID=$!; PIDS+=($RSS_PID)
-wait_port $P_RSS; sleep 1
-IDLE=$(rss_kib $RSS_PID)
-"$W/loadgen" hold -proxy 127.0.0.1:$P_RSS -target "up.bench.test:$UP_PORT" -n "$HOLD" >"$W/hold.out" 2>>"$W/bg.err" & HOLD_PID=$!; PIDS+=($HOLD_PID)
-for _ in $(seq 600); do grep -q ready "$W/hold.out" 2>/dev/null && break; sleep 0.1; done
-grep -q ready "$W/hold.out" || { echo "hold did not open $HOLD tunnels" >&2; cat "$W/bg.err" >&2; exit 1; }
-sleep 1
-HELD=$(rss_kib $RSS_PID)
-echo "{\"mode\":\"rss\",\"idle_kib\":$IDLE,\"held_kib\":$HELD,\"tunnels\":$HOLD,\"injected_requests\":$injected}" >>"$R"
-
-python3 - "$R" <<'PY'
-import json, sys, statistics
+python3 - "$R" "$injected" "$opens" "$N_LAT" "$BULK" "$KA_SECS" "$HOLD" <<'PY'
+import json, sys, statistics as st
 rs = [json.loads(l) for l in open(sys.argv[1])]
-by = lambda mode: [r for r in rs if r["mode"] == mode]
-lat = {r["label"]: r for r in by("latency")}
+injected, opens, n_lat, bulk, ka, hold = sys.argv[2:8]
+loads = [r["loadavg"] for r in rs if r["mode"] == "load"]
+def rows(mode, icpt=False):
+    out = {}
+    for r in rs:
+        if r["mode"] != mode: continue
+        parts = r["label"].split("|")
+        if (len(parts) == 3) != icpt: continue
+        out.setdefault(parts[0], {})[parts[1]] = r
+    return out
+lat, tp, ka_r, rss, ic = rows("latency"), rows("throughput"), rows("rps"), rows("rss"), rows("rps", True)
+def ratio(table, name, key):
+    d = table["direct"]
+    v = [table[name][k][key] / d[k][key] for k in table.get(name, {}) if k in d and d[k][key]]
+    return st.median(v) if v else None
+def med(table, name, key):
+    v = [r[key] for r in table.get(name, {}).values()]
+    return st.median(v) if v else None
+f = lambda x, s="×": "–" if x is None else f"{x:.2f}{s}"
+print(f"\nEgress tunnel path, {len(loads)} interleaved round(s), every proxy fresh per round; each ratio to a direct run just before it (median over rounds)")
+print(f"load average at the start of each round: {'; '.join(loads)}")
+print(f"{n_lat} new-tunnel GETs, one {int(bulk)>>20} MiB GET, 8 keep-alive tunnels for {ka}, {hold} idle tunnels, interception with 8 clients\n")
+print("| proxy | new tunnel p50 | p99 | bulk | keep-alive req/s | RSS idle / %s tunnels | intercepted req/s |" % hold)
+print("|---|---|---|---|---|---|---|")
 d = lat["direct"]
-print("\nTunnel request latency (new tunnel per request; lower is better)")
-print(f"{'':14}{'p50 us':>10}{'p99 us':>10}{'p50 x direct':>14}{'errors':>8}")
-for k, r in lat.items():
-    print(f"{k:14}{r['p50_us']:>10.0f}{r['p99_us']:>10.0f}{r['p50_us']/d['p50_us']:>14.2f}{r['errors']:>8}")
-tp = {}
-for r in by("throughput"): tp.setdefault(r["label"], []).append(r["mb_per_s"])
-print(f"\nTunnel bulk throughput (one tunnel, median of {len(tp['direct'])} interleaved rounds)")
-print(f"{'':14}{'MiB/s':>10}{'x direct':>10}")
-dm = statistics.median(tp["direct"])
-for k, v in tp.items():
-    m = statistics.median(v); print(f"{k:14}{m:>10.0f}{m/dm:>10.2f}")
-print("\nTLS-intercepted requests (keep-alive; cage-egress runs all inspectors and injects a credential)")
-print(f"{'':20}{'req/s':>10}{'p50 us':>10}{'p99 us':>10}{'errors':>8}")
-rps = {r["label"]: r for r in by("rps")}
-for k, r in rps.items():
-    print(f"{k:20}{r['req_per_s']:>10.0f}{r['p50_us']:>10.0f}{r['p99_us']:>10.0f}{r['errors']:>8}")
-for c in (1, 32):
-    a, b = rps.get(f"cage-egress c={c}"), rps.get(f"mitmdump c={c}")
-    if a and b and b["req_per_s"]:
-        print(f"cage-egress / mitmdump req/s at c={c}: {a['req_per_s']/b['req_per_s']:.1f}x")
-m = by("rss")[0]
-print(f"\nRSS: idle {m['idle_kib']/1024:.1f} MiB; with {m['tunnels']} open tunnels {m['held_kib']/1024:.1f} MiB")
-print(f"(requests with an injected credential in the audit log: {m['injected_requests']})")
+print(f"| direct | {med(lat,'direct','p50_us'):.0f} µs | {med(lat,'direct','p99_us'):.0f} µs | {med(tp,'direct','mb_per_s'):.0f} MiB/s | {med(ka_r,'direct','req_per_s'):.0f} | – | {med(ic,'direct','req_per_s') or 0:.0f} |")
+for name in lat:
+    if name == "direct": continue
+    idle, held = med(rss, name, "idle_kib"), med(rss, name, "held_kib")
+    mem = "–" if idle is None else f"{idle/1024:.1f} / {held/1024:.1f} MiB"
+    icr = ratio(ic, name, "req_per_s") if name in ic else None
+    errs = sum(r["errors"] for t in (lat, tp, ka_r) for r in t.get(name, {}).values())
+    print(f"| {name} | {f(ratio(lat,name,'p50_us'))} | {f(ratio(lat,name,'p99_us'))} | {f(ratio(tp,name,'mb_per_s'))} | {f(ratio(ka_r,name,'req_per_s'))} | {mem} | {f(icr)} |" + (f" ({errs} errors)" if errs else ""))
+a, b = med(ic, "cage-egress (name)", "req_per_s"), med(ic, "mitmdump (ip)", "req_per_s")
+if a and b: print(f"\ncage-egress / mitmdump intercepted req/s: {a/b:.1f}×")
+print(f"cage-egress audit: {opens} tunnel open records, {injected} requests with an injected credential")
 PY

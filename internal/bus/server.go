@@ -45,6 +45,7 @@ type Backend interface {
 	HasAgent(agent string) bool
 	ConfigBackend
 	LogsBackend
+	GrantsBackend
 }
 
 // Backend errors the server maps to D-Bus error names.

@@ -515,6 +515,16 @@ func helper(addr, what string) int {
 		_, err = c.RotateSecret(ctx, "beta-2", "", false)
 	case "logs-alpha":
 		_, _, err = c.ReadLogs(ctx, "alpha", 10, "")
+	case "allow-alpha":
+		_, err = c.AllowHost(ctx, "alpha", "api.example.com", 0, time.Hour, "test")
+	case "allow-alpha-wildcard":
+		_, err = c.AllowHost(ctx, "alpha", "*.example.com", 0, time.Hour, "test")
+	case "allow-beta":
+		_, err = c.AllowHost(ctx, "beta-2", "api.example.com", 0, time.Hour, "test")
+	case "grants-alpha":
+		_, err = c.ListGrants(ctx, "alpha")
+	case "revoke-g1":
+		err = c.RevokeGrant(ctx, "g-1")
 	}
 	if err != nil {
 		fmt.Println(errName(err))
@@ -612,6 +622,14 @@ func TestAuthorizationByRealUID(t *testing.T) {
 		{"operator is refused rotation out of scope", uidOperator, "rotate-beta", denied},
 		{"viewer reads logs", uidViewer, "logs-alpha", "ok"},
 		{"stranger is refused logs", uidStranger, "logs-alpha", denied},
+		{"viewer is refused a grant", uidViewer, "allow-alpha", denied},
+		{"viewer is refused a revoke", uidViewer, "revoke-g1", denied},
+		{"viewer lists grants", uidViewer, "grants-alpha", "ok"},
+		{"stranger is refused the grants list", uidStranger, "grants-alpha", denied},
+		{"operator grants an exact name", uidOperator, "allow-alpha", "ok"},
+		{"operator is refused a wildcard grant", uidOperator, "allow-alpha-wildcard", denied},
+		{"operator is refused a grant out of scope", uidOperator, "allow-beta", denied},
+		{"operator revokes a grant", uidOperator, "revoke-g1", "ok"},
 		{"only root may own the name", uidOperator, "own", "org.freedesktop.DBus.Error.AccessDenied"},
 	}
 	for _, c := range cases {
@@ -623,7 +641,8 @@ func TestAuthorizationByRealUID(t *testing.T) {
 	}
 	calls := h.be.Calls()
 	want := []string{"audit alpha 0 10", "kill alpha by otto (uid 33)", `quarantine alpha "test" by otto (uid 33)`,
-		`rotate alpha "" false by otto (uid 33)`, `logs alpha 10 ""`}
+		`rotate alpha "" false by otto (uid 33)`, `logs alpha 10 ""`,
+		"grants alpha", "allow alpha api.example.com:0 1h0m0s by otto (uid 33)", "revoke alpha g-1 by otto (uid 33)"}
 	if !slices.Equal(calls, want) {
 		t.Errorf("backend saw %q, want only %q", calls, want)
 	}
@@ -638,3 +657,20 @@ func TestSecondServerCannotTakeTheName(t *testing.T) {
 	}
 	_ = time.Second
 }
+
+func (f *fakeBackend) AllowHost(ctx context.Context, agent, host string, port int, d time.Duration, reason, by string) (bus.Grant, error) {
+	f.rec("allow %s %s:%d %s by %s", agent, host, port, d, by)
+	return bus.Grant{ID: "g-1", Agent: agent, Host: host, Port: int32(port), ExpiresUnix: time.Now().Add(d).Unix(), By: by, Reason: reason}, nil
+}
+
+func (f *fakeBackend) ListGrants(ctx context.Context, agent string) ([]bus.Grant, error) {
+	f.rec("grants %s", agent)
+	return []bus.Grant{{ID: "g-1", Agent: agent, Host: "a.example.com"}}, nil
+}
+
+func (f *fakeBackend) RevokeGrant(ctx context.Context, agent, id, by string) error {
+	f.rec("revoke %s %s by %s", agent, id, by)
+	return nil
+}
+
+func (f *fakeBackend) GrantAgent(id string) (string, bool) { return "alpha", id == "g-1" }

@@ -302,10 +302,9 @@ func TestCompletionBash(t *testing.T) {
 	}
 }
 
-// Exit codes as other users, with credentials the bus itself reports.
-func TestExitCodesAsOtherUsers(t *testing.T) {
-	testenv.RequirePrivileged(t)
-	c := daemontest.Start(t, cliAgents)
+// asOtherUID returns a runner of cagectl (this test binary, copied where
+// other uids can run it) as a real other uid against caged c.
+func asOtherUID(t *testing.T, c *daemontest.Caged) func(uid uint32, args ...string) (int, string) {
 	self, _ := os.Executable()
 	bin := filepath.Join(c.Bus.Dir, "cagectl-test")
 	b, err := os.ReadFile(self)
@@ -315,7 +314,7 @@ func TestExitCodesAsOtherUsers(t *testing.T) {
 	if err := os.WriteFile(bin, b, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	run := func(uid uint32, args ...string) (int, string) {
+	return func(uid uint32, args ...string) (int, string) {
 		cmd := exec.Command(bin, append([]string{"-test.run=^$"}, append(args, "--bus", c.Bus.Address)...)...)
 		cmd.Env = append(os.Environ(), "NIXCAGE_CLI_HELPER=1")
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid}}
@@ -328,6 +327,13 @@ func TestExitCodesAsOtherUsers(t *testing.T) {
 		}
 		return 0, string(out)
 	}
+}
+
+// Exit codes as other users, with credentials the bus itself reports.
+func TestExitCodesAsOtherUsers(t *testing.T) {
+	testenv.RequirePrivileged(t)
+	c := daemontest.Start(t, cliAgents)
+	run := asOtherUID(t, c)
 	const nobody, backup = 65534, 34 // nobody is a declared viewer; backup has no account
 	// apply opens the release directory itself and hands caged the
 	// descriptor, so the viewer must be able to open one for caged to refuse.

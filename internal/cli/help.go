@@ -55,6 +55,25 @@ var help = map[string]helpText{
 			"cagectl policy suggest claude --since 2h > suggested.hcl && cagectl validate suggested.hcl",
 		},
 	},
+	"allow": {
+		long: "Through caged: an operator over the agent may grant an exact host name, an admin over it also a wildcard (*.example.com). Without :PORT the grant covers the default ports (443 for CONNECT, 80 for plain HTTP) and the policy's ports; with one, that port only. caged writes the agent's grants file (/run/nixcage/cage/AGENT/grants.json) atomically; the running gateway reads it within a second, with no restart and no open tunnel dropped, and enforces the expiry itself. A grant never beats a deny entry nor the address rules (private, loopback, metadata). Decisions it allows are audited with rule grant:ID. See docs/grants.md.",
+		examples: []string{
+			"cagectl allow claude registry.npmjs.org --for 2h --reason \"npm install\"",
+			"cagectl allow claude api.example.com:8443 --for 30m",
+		},
+	},
+	"grants list": {
+		long:     "The grants in force (expired ones are gone), of one agent or of every agent you may view (viewer role); also shown by cagectl status.",
+		examples: []string{"cagectl grants list", "cagectl grants list claude --json"},
+	},
+	"grants revoke": {
+		long:     "Ends a grant now (operator over its agent). Tunnels opened under it stay open until they close; new requests are refused.",
+		examples: []string{"cagectl grants revoke g-3f2a9c01b7de"},
+	},
+	"grants promote": {
+		long:     "Prints the change to the agent's egress policy that makes a grant permanent; nothing is changed. Apply the edited config, then revoke the grant.",
+		examples: []string{"cagectl grants promote g-3f2a9c01b7de"},
+	},
 	"completion": {
 		long: "Completion scripts are generated from the command table: commands, each command's flags, and agent names (asked of caged with `cagectl status --names` when completing).",
 		examples: []string{

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -73,6 +74,16 @@ func runStatus(ctx context.Context, env *Env, args []string) error {
 		return enc.Encode(st)
 	}
 	printStatus(env, st)
+	// Grants change what an agent may reach without a config change, so
+	// status shows them (to whoever may view them).
+	gs, _ := c.ListGrants(ctx, "")
+	gs = slices.DeleteFunc(gs, func(g bus.Grant) bool {
+		return !slices.ContainsFunc(st.Agents, func(a bus.AgentStatus) bool { return a.Name == g.Agent })
+	})
+	if len(gs) > 0 {
+		fmt.Fprintln(env.Out, "\negress grants in force (cagectl grants list):")
+		printGrants(env, gs)
+	}
 	return nil
 }
 

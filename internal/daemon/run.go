@@ -218,18 +218,6 @@ func verifyBind(f *os.File, b bus.RunBind) (verifiedBind, error) {
 	return verifiedBind{Bind: render.Bind{Source: src, Dest: b.Dest, ReadOnly: b.ReadOnly}, dev: uint64(st.Dev), ino: st.Ino}, nil
 }
 
-// sameAs checks that p is the directory the caller opened.
-func (b verifiedBind) sameAs(p string) error {
-	var st syscall.Stat_t
-	if err := syscall.Stat(p, &st); err != nil {
-		return fmt.Errorf("cannot check what the cage sees at %s: %w", b.Source, err)
-	}
-	if uint64(st.Dev) != b.dev || st.Ino != b.ino {
-		return fmt.Errorf("%s is no longer the directory that was opened (it was replaced); refusing to bind it", b.Source)
-	}
-	return nil
-}
-
 // runDoc is the synthetic configuration of one run's agent.
 type runDoc struct {
 	name    string
@@ -464,7 +452,7 @@ func (d *Daemon) holdSlices(ctx context.Context) {
 
 // checkBinds verifies what the started cage's main process sees: for the
 // service backend its root is the cage's, for nspawn the unit's namespace
-// in which nspawn makes its binds.
+// in which nspawn makes its binds (bindcheck.go).
 func (d *Daemon) checkBinds(ctx context.Context, r *run, unit string) error {
 	if len(r.binds) == 0 {
 		return nil
@@ -475,34 +463,19 @@ func (d *Daemon) checkBinds(ctx context.Context, r *run, unit string) error {
 	}
 	pid, _ := p.Value.Value().(uint32)
 	if pid == 0 {
-		return nil // already gone: it saw nothing
+		return nil // already gone (systemd reaped it)
 	}
-	for _, b := range r.binds {
-		at := b.Dest
-		if r.backend == config.BackendNspawn {
-			at = b.Source
-		}
-		if err := b.sameAs(fmt.Sprintf("/proc/%d/root%s", pid, at)); err != nil {
-			switch {
-			case errors.Is(err, os.ErrPermission):
-				// A cage's processes are another user's; without
-				// CAP_SYS_PTRACE caged cannot look into their root.
-				d.log.Debug("cannot verify a throw-away cage's bind", "name", r.name, "bind", b.Source, "err", err)
-				continue
-			case processGone(pid):
-				return nil
-			}
-			return err
-		}
+	proc, err := pinProcess(int(pid))
+	if errors.Is(err, syscall.ESRCH) {
+		return nil // already gone
 	}
-	return nil
-}
-
-// processGone: a process that has exited (a zombie included) has no root
-// any more; a live one always has one.
-func processGone(pid uint32) bool {
-	_, err := os.Stat(fmt.Sprintf("/proc/%d/root", pid))
-	return errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ESRCH)
+	if err != nil {
+		return fmt.Errorf("watch the cage's main process %d: %w", pid, err)
+	}
+	defer proc.Close()
+	return checkBindsOf(proc, r.binds, r.backend, func(b verifiedBind, err error) {
+		d.log.Debug("cannot verify a throw-away cage's bind", "name", r.name, "bind", b.Source, "err", err)
+	})
 }
 
 func writeRunSecrets(dir string, values map[string][]byte) error {

@@ -39,3 +39,34 @@ func BenchmarkInterceptedParallel(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkTunnelNew opens a new, non-intercepted tunnel per request (TCP,
+// CONNECT, policy, resolve, SNI check, dial, TLS, GET): the path the
+// new-tunnel figure of bench/egress/run.sh measures, here for pprof.
+func BenchmarkTunnelNew(b *testing.B) {
+	h := newHarness(b, nil)
+	c := h.client(false)
+	c.Transport.(*http.Transport).TLSClientConfig.RootCAs = h.up.roots
+	u := h.tlsURL("plain.example.com", "/bench")
+	for b.Loop() {
+		if code, _, _, err := h.do(c, "GET", u, nil, ""); err != nil || code != 200 {
+			b.Fatal(code, err)
+		}
+	}
+}
+
+// BenchmarkTunnelKeepAlive sends requests on one held tunnel: the
+// gateway's share is the copy loop only.
+func BenchmarkTunnelKeepAlive(b *testing.B) {
+	h := newHarness(b, nil)
+	c := h.client(false)
+	tr := c.Transport.(*http.Transport)
+	tr.TLSClientConfig.RootCAs = h.up.roots
+	tr.DisableKeepAlives = false
+	u := h.tlsURL("plain.example.com", "/bench")
+	for b.Loop() {
+		if code, _, _, err := h.do(c, "GET", u, nil, ""); err != nil || code != 200 {
+			b.Fatal(code, err)
+		}
+	}
+}

@@ -2,7 +2,12 @@ package egress
 
 import (
 	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -166,5 +171,39 @@ func TestDNSHighEntropyLabelFlagged(t *testing.T) {
 	r := h.want(t, is("DNS", "k7qz2mx9vbt4wy8r.x.example.com", 53), audit.Flagged, "allow:*.example.com")
 	if !strings.Contains(r.Reason, "bits/character") {
 		t.Fatalf("reason %q", r.Reason)
+	}
+}
+
+// An answer with a TTL is reused for the next tunnel (no DNS round trip per
+// tunnel), and the reused addresses are still classified: once the policy
+// stops allowing loopback, the cached 127.0.0.1 is refused with an address
+// record like a fresh answer. TTL 0 answers are never reused
+// (TestThreatDNSRebinding).
+func TestResolveReusesAnswerWithinTTL(t *testing.T) {
+	h := newHarness(t, nil)
+	h.dns.ttl = 60
+	h.dns.set("cached.example.com", "A", "127.0.0.1")
+	h.dns.set("cached.example.com", "AAAA", "::1")
+	auth := net.JoinHostPort("cached.example.com", strconv.Itoa(h.up.tlsPort))
+	for i := range 3 {
+		conn, code := h.connect(auth, "")
+		if code != 200 {
+			t.Fatalf("CONNECT %d: %d", i, code)
+		}
+		conn.Close()
+	}
+	if a, aaaa := h.dns.queries("cached.example.com", "A"), h.dns.queries("cached.example.com", "AAAA"); a != 1 || aaaa != 1 {
+		t.Fatalf("3 tunnels within the TTL made %d A and %d AAAA queries, want 1 each", a, aaaa)
+	}
+	h.rt.Policy.UnsafeAllowLoopbackUpstreams = false
+	h.writeConfig(h.rt)
+	syscall.Kill(os.Getpid(), syscall.SIGHUP)
+	waitFor(t, "reloaded", func() bool { return h.logged("configuration reloaded") })
+	if _, code := h.connect(auth, ""); code != http.StatusForbidden {
+		t.Fatalf("CONNECT to a cached loopback answer after loopback was disallowed: %d, want 403", code)
+	}
+	h.want(t, func(r audit.Record) bool { return r.Host == "cached.example.com" && r.Rule == "address" }, audit.Blocked, "address")
+	if n := h.dns.queries("cached.example.com", "A"); n != 1 {
+		t.Fatalf("A queries %d, want the cached answer reused (1)", n)
 	}
 }

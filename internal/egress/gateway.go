@@ -92,6 +92,9 @@ type Gateway struct {
 	listen   map[netip.AddrPort]bool
 	h1, h2   *http.Transport
 	log      *slog.Logger
+	// grants are the time-bound grants in force (grants.go), swapped
+	// whole when the grants file changes; expiry is checked per decision.
+	grants atomic.Pointer[[]policy.Grant]
 }
 
 // New builds a gateway from a runtime document. Any inconsistency is an
@@ -109,6 +112,7 @@ func New(rt *policy.Runtime, opts Options) (*Gateway, error) {
 	g := &Gateway{opts: opts, own: netguard.OwnAddrs(), listen: map[netip.AddrPort]bool{}, log: opts.Log}
 	opts.Audit.SetBudget(audit.ClassDNS, audit.DefaultBudget)
 	opts.Audit.SetBudget(audit.ClassCap, audit.DefaultBudget)
+	opts.Audit.SetBudget(audit.ClassRefusal, audit.RefusalBudget)
 	st, err := g.build(rt)
 	if err != nil {
 		return nil, err
@@ -117,6 +121,7 @@ func New(rt *policy.Runtime, opts Options) (*Gateway, error) {
 		return nil, err
 	}
 	g.st.Store(st)
+	g.grants.Store(&[]policy.Grant{})
 	g.h1 = g.newTransport(false)
 	g.h2 = g.newTransport(true)
 	return g, nil

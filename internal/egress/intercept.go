@@ -145,7 +145,7 @@ func (g *Gateway) serveInner(w http.ResponseWriter, r *http.Request, t *target, 
 	// to the next request (a newly denied host stops here).
 	st := g.st.Load()
 	if st != t.st {
-		dec := st.pol.Decide(t.host, t.port, http.MethodConnect)
+		dec := g.decide(st, t.host, t.port, http.MethodConnect)
 		if dec.Result != policy.Allow {
 			g.refuse(w, r, rec, block(http.StatusForbidden, dec.Rule, "%s", dec.Reason), start)
 			return

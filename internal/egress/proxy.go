@@ -59,8 +59,17 @@ func block(status int, rule, format string, args ...any) *blockedErr {
 	return &blockedErr{status: status, reason: fmt.Sprintf(format, args...), rule: rule}
 }
 
+// logAudit writes rec. A refusal is made at once, on a new connection if
+// the agent likes, so refusals are budgeted (audit.RefusalBudget): a flood
+// of them cannot push the one that mattered out of the bounded views of
+// the log. A tunnel's close record is never budgeted: its open record was
+// written and an open without a close reads as a crashed gateway.
 func (g *Gateway) logAudit(rec audit.Record) {
-	if err := g.opts.Audit.Log(rec); err != nil {
+	log := g.opts.Audit.Log
+	if rec.Decision == audit.Blocked && rec.Event != audit.EventClose {
+		log = func(r audit.Record) error { return g.opts.Audit.LogBudgeted(audit.ClassRefusal, r) }
+	}
+	if err := log(rec); err != nil {
 		g.log.Error("audit write failed", "err", err)
 	}
 }
@@ -90,7 +99,7 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		g.refuse(w, r, rec, block(http.StatusBadRequest, "authority", "%v", err), start)
 		return
 	}
-	dec := st.pol.Decide(host, port, r.Method)
+	dec := g.decide(st, host, port, r.Method)
 	if dec.Result != policy.Allow {
 		g.refuse(w, r, rec, block(http.StatusForbidden, dec.Rule, "%s", dec.Reason), start)
 		return
@@ -148,7 +157,7 @@ func (g *Gateway) handleConnect(w http.ResponseWriter, r *http.Request, st *stat
 			return
 		}
 	}
-	dec := st.pol.Decide(host, port, http.MethodConnect)
+	dec := g.decide(st, host, port, http.MethodConnect)
 	if dec.Result != policy.Allow {
 		g.refuse(w, r, rec, block(http.StatusForbidden, dec.Rule, "%s", dec.Reason), start)
 		return
@@ -187,14 +196,29 @@ func (g *Gateway) handleConnect(w http.ResponseWriter, r *http.Request, st *stat
 	// Run the tunnel on a fresh goroutine and let the HTTP server's
 	// connection goroutine end: it would otherwise pin the request, its
 	// buffers and a grown stack for the tunnel's whole life.
+	if st.intercepts(host) {
+		go func() {
+			defer release()
+			defer conn.Close()
+			g.intercept(conn, pre, t, rec, start)
+		}()
+		return
+	}
+	// A plain tunnel's SNI check and dial run here, on the server's
+	// goroutine, whose stack has grown anyway: the goroutine that then
+	// holds the tunnel for its whole life starts with a small stack (the
+	// ClientHello parse alone grows one past 16 KiB, held per idle tunnel).
+	up, sent, ok := g.openTunnel(conn, pre, t, rec, start)
+	if !ok {
+		conn.Close()
+		release()
+		return
+	}
 	go func() {
 		defer release()
 		defer conn.Close()
-		if st.intercepts(host) {
-			g.intercept(conn, pre, t, rec, start)
-			return
-		}
-		g.tunnel(conn, pre, t, rec, start)
+		defer up.Close()
+		g.relay(conn, up, t, rec, start, sent)
 	}()
 }
 

@@ -167,6 +167,12 @@ func runServe(ctx context.Context, args []string, stdio Stdio) error {
 	if err != nil {
 		return err
 	}
+	if rt.GrantsFile != "" {
+		// The grants file named at start is watched for the gateway's life.
+		gctx, stopGrants := context.WithCancel(ctx)
+		defer stopGrants()
+		go g.watchGrants(gctx, rt.GrantsFile)
+	}
 	ls, err := listeners(f)
 	if err != nil {
 		return err
@@ -244,7 +250,7 @@ func reload(g *Gateway, path string) error {
 
 func (g *Gateway) dnsConfig() dnsfilter.Config {
 	st := g.st.Load()
-	return dnsfilter.Config{Policy: st.pol, Guard: st.guard}
+	return dnsfilter.Config{Policy: st.pol, Guard: st.guard, Grants: *g.grants.Load()}
 }
 
 // loadCA finds the CA key: the LoadCredential= copy first, then CADir. With

@@ -50,48 +50,60 @@ func peekClientHello(conn net.Conn, pre []byte) (sni string, raw []byte, ok bool
 	return sni, rc.buf.Bytes(), got
 }
 
-// tunnel relays an allowed, non-intercepted CONNECT after checking that the
-// client's TLS SNI names the CONNECT host: a tunnel carries TLS to the host
-// the policy allowed, nothing else (no plain bytes, no fronting).
-func (g *Gateway) tunnel(conn net.Conn, pre []byte, t *target, rec audit.Record, start time.Time) {
-	done := func(decision, rule, reason string, out, in int64) {
-		rec.Decision, rec.Rule, rec.Reason = decision, rule, reason
-		rec.BytesOut, rec.BytesIn = out, in
+// openTunnel is the first stage of an allowed, non-intercepted CONNECT: it
+// checks that the client's TLS SNI names the CONNECT host (a tunnel carries
+// TLS to the host the policy allowed, nothing else: no plain bytes, no
+// fronting), dials the vetted address, replays the ClientHello and writes
+// the open record. sent is the ClientHello's length; when ok is false the
+// refusal has been audited and nothing is left open but conn.
+func (g *Gateway) openTunnel(conn net.Conn, pre []byte, t *target, rec audit.Record, start time.Time) (up net.Conn, sent int64, ok bool) {
+	refuse := func(rule, reason string, out int64) {
+		rec.Decision, rec.Rule, rec.Reason = audit.Blocked, rule, reason
+		rec.BytesOut = out
 		rec.DurationMS = time.Since(start).Milliseconds()
 		g.logAudit(rec)
 	}
-	sni, hello, ok := peekClientHello(conn, pre)
+	sni, hello, isTLS := peekClientHello(conn, pre)
 	switch {
-	case !ok:
-		done(audit.Blocked, "not-tls", "tunnel payload is not a TLS ClientHello; tunnels carry TLS only", int64(len(hello)), 0)
-		return
+	case !isTLS:
+		refuse("not-tls", "tunnel payload is not a TLS ClientHello; tunnels carry TLS only", int64(len(hello)))
+		return nil, 0, false
 	case sni == "":
-		done(audit.Blocked, "sni-missing", "TLS ClientHello without SNI; the server name must match the CONNECT host", int64(len(hello)), 0)
-		return
+		refuse("sni-missing", "TLS ClientHello without SNI; the server name must match the CONNECT host", int64(len(hello)))
+		return nil, 0, false
 	case policy.Normalize(sni) != t.host:
-		done(audit.Blocked, "sni-mismatch", fmt.Sprintf("TLS SNI %q does not match CONNECT host %q (domain fronting)", sni, t.host), int64(len(hello)), 0)
-		return
+		refuse("sni-mismatch", fmt.Sprintf("TLS SNI %q does not match CONNECT host %q (domain fronting)", sni, t.host), int64(len(hello)))
+		return nil, 0, false
 	}
 	up, err := g.dial(context.Background(), t.st, t.dst)
 	if err != nil {
-		done(audit.Blocked, "dial", "dial upstream: "+err.Error(), 0, 0)
-		return
+		refuse("dial", "dial upstream: "+err.Error(), 0)
+		return nil, 0, false
 	}
-	defer up.Close()
 	if _, err := up.Write(hello); err != nil {
-		done(audit.Blocked, "dial", "write upstream: "+err.Error(), 0, 0)
-		return
+		up.Close()
+		refuse("dial", "write upstream: "+err.Error(), 0)
+		return nil, 0, false
 	}
 	// From here the tunnel carries bytes: the open record is written
 	// first, so a gateway killed mid-tunnel still leaves it.
 	g.logOpen(rec, t, "tunnel to "+t.host+" opened", start)
-	rec.Event = audit.EventClose
+	return up, int64(len(hello)), true
+}
+
+// relay is the second stage: it copies both ways until the tunnel ends and
+// writes the close record with bytes and duration. It keeps no buffer of
+// its own (the ClientHello is not referenced past openTunnel).
+func (g *Gateway) relay(conn, up net.Conn, t *target, rec audit.Record, start time.Time, sent int64) {
 	out, in, err := splice(conn, up, t.st.idle)
 	reason := "tunnel to " + t.host + " closed"
 	if errors.Is(err, errIdle) {
 		reason = "tunnel to " + t.host + " closed after idle timeout"
 	}
-	done(audit.Allowed, t.rule, reason, out+int64(len(hello)), in)
+	rec.Event, rec.Decision, rec.Rule, rec.Reason = audit.EventClose, audit.Allowed, t.rule, reason
+	rec.BytesOut, rec.BytesIn = out+sent, in
+	rec.DurationMS = time.Since(start).Milliseconds()
+	g.logAudit(rec)
 }
 
 var errIdle = errors.New("idle timeout")

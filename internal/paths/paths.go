@@ -122,6 +122,10 @@ func EgressState(agent string) string { return filepath.Join(EgressStateRoot, ag
 // files in RuntimeRoot.
 func Runtime(agent string) string { return filepath.Join(RuntimeRoot, "cage", agent) }
 
+// GrantsFile holds an agent's time-bound grants: written by caged (root),
+// read by its gateway, in the runtime directory only root can write.
+func GrantsFile(agent string) string { return filepath.Join(Runtime(agent), "grants.json") }
+
 // ConsoleLink is where caged links the terminal it holds for an
 // interactive agent (a /dev/pts/N it made); the agent unit's TTYPath=.
 func ConsoleLink(agent string) string { return filepath.Join(RuntimeRoot, "console", agent) }

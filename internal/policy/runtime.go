@@ -31,6 +31,9 @@ type Runtime struct {
 	AgentEnvFile string `json:"agent_env_file"`
 	// ResolvConf is written by prepare and bound at /etc/resolv.conf in the cage.
 	ResolvConf string `json:"resolv_conf"`
+	// GrantsFile holds the time-bound grants caged writes (grants.go); the
+	// gateway watches it. Empty: no grants.
+	GrantsFile string `json:"grants_file,omitempty"`
 	// CADir holds ca.crt (0644) and ca.key (0600) for TLS interception.
 	CADir string `json:"ca_dir"`
 }

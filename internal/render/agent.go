@@ -35,6 +35,7 @@ func Runtime(a *config.Agent) *policy.Runtime {
 		PlaceholderFile: filepath.Join(rt, "placeholders.json"),
 		AgentEnvFile:    filepath.Join(rt, "agent.env"),
 		ResolvConf:      filepath.Join(rt, "resolv.conf"),
+		GrantsFile:      paths.GrantsFile(a.Name),
 		CADir:           paths.EgressState(a.Name),
 	}
 }

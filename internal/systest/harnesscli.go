@@ -90,6 +90,10 @@ func HarnessTools(ctx context.Context) (string, error) {
 	}
 	os.RemoveAll(tools)
 	if err := os.Rename(tmp, tools); err != nil {
+		// A concurrent test process may have finished first.
+		if _, serr := os.Stat(filepath.Join(tools, ".complete")); serr == nil {
+			return tools, nil
+		}
 		return "", err
 	}
 	return tools, nil

@@ -37,6 +37,8 @@ import (
 type Config struct {
 	Policy *policy.Policy
 	Guard  *netguard.Guard
+	// Grants are the time-bound grants in force (policy.Grant).
+	Grants []policy.Grant
 }
 
 // Filter is a dns.Handler.
@@ -84,6 +86,11 @@ func TypeName(t uint16) string {
 
 // Decide says whether a question may be answered, with reason and rule.
 func Decide(p *policy.Policy, q dns.Question) (bool, string, string) {
+	return DecideWithGrants(p, nil, time.Time{}, q)
+}
+
+// DecideWithGrants is Decide with the time-bound grants in force at now.
+func DecideWithGrants(p *policy.Policy, grants []policy.Grant, now time.Time, q dns.Question) (bool, string, string) {
 	name := policy.Normalize(q.Name)
 	if q.Qclass != dns.ClassINET {
 		return false, fmt.Sprintf("class %s refused", dns.ClassToString[q.Qclass]), "dns-class"
@@ -100,7 +107,7 @@ func Decide(p *policy.Policy, q dns.Question) (bool, string, string) {
 	if err := policy.CheckHostname(name); err != nil {
 		return false, fmt.Sprintf("name %q is not a host name: %v", name, err), "dns-name"
 	}
-	ok, rule := p.AllowsName(name)
+	ok, rule := p.AllowsNameWithGrants(grants, now, name)
 	if !ok {
 		return false, "name " + name + " is not allowed by policy", rule
 	}
@@ -157,7 +164,7 @@ func (f *Filter) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 		refuse("DNS is disabled by policy", "dns-disabled")
 		return
 	}
-	ok, reason, rule := Decide(cfg.Policy, q)
+	ok, reason, rule := DecideWithGrants(cfg.Policy, cfg.Grants, time.Now(), q)
 	if !ok {
 		refuse(reason, rule)
 		return

@@ -5,45 +5,106 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"sync"
 	"time"
 
 	"github.com/miekg/dns"
 )
 
-// Resolver looks names up at one DNS server, with no /etc/hosts, no search
-// list and no cache: the gateway's view of a name is exactly what the
-// upstream resolver says, which is also what the cage's DNS filter serves.
+// Resolver looks names up at one DNS server, with no /etc/hosts and no
+// search list: the gateway's view of a name is what the upstream resolver
+// says, which is also what the cage's DNS filter serves. Answers are reused
+// within their TTL (at most maxCacheTTL, never with TTL 0), so a new tunnel
+// to a name seen a moment ago costs no DNS round trip; the caller still
+// classifies every address it gets, and the dial's Control hook checks the
+// one it connects to, so a reused answer is vetted exactly like a fresh one.
 type Resolver struct {
 	Server  string // host:port
 	Timeout time.Duration
+
+	mu      sync.Mutex
+	answers map[string]addrEntry
+}
+
+type addrEntry struct {
+	addrs   []netip.Addr
+	expires time.Time
+}
+
+// cached returns host's addresses if an answer is still within its TTL.
+func (r *Resolver) cached(host string, now time.Time) ([]netip.Addr, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.answers[host]
+	if !ok {
+		return nil, false
+	}
+	if !now.Before(e.expires) {
+		delete(r.answers, host)
+		return nil, false
+	}
+	return e.addrs, true
+}
+
+// remember stores an answer for ttl; the map is bounded like the DNS
+// filter's cache (expired entries go first, then arbitrary ones).
+func (r *Resolver) remember(host string, addrs []netip.Addr, ttl time.Duration, now time.Time) {
+	ttl = min(ttl, maxCacheTTL)
+	if ttl <= 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.answers == nil {
+		r.answers = map[string]addrEntry{}
+	}
+	if len(r.answers) >= cacheEntries {
+		for k, e := range r.answers {
+			if !now.Before(e.expires) || len(r.answers) >= cacheEntries {
+				delete(r.answers, k)
+			}
+			if len(r.answers) < cacheEntries*3/4 {
+				break
+			}
+		}
+	}
+	r.answers[host] = addrEntry{addrs: addrs, expires: now.Add(ttl)}
 }
 
 // LookupNetIP returns the A and AAAA addresses of host (network is ignored:
 // the gateway classifies every address of both families).
 func (r *Resolver) LookupNetIP(ctx context.Context, _, host string) ([]netip.Addr, error) {
+	now := time.Now()
+	if addrs, ok := r.cached(host, now); ok {
+		return addrs, nil
+	}
 	timeout := r.Timeout
 	if timeout == 0 {
 		timeout = 5 * time.Second
 	}
 	type res struct {
 		addrs []netip.Addr
+		ttl   time.Duration
 		err   error
 	}
-	ch := make(chan res, 2)
-	for _, qt := range []uint16{dns.TypeA, dns.TypeAAAA} {
-		go func() {
-			a, err := r.query(ctx, host, qt, timeout)
-			ch <- res{a, err}
-		}()
-	}
-	var addrs []netip.Addr
-	var errs []error
-	for range 2 {
-		x := <-ch
-		addrs = append(addrs, x.addrs...)
-		if x.err != nil {
-			errs = append(errs, x.err)
+	// A and AAAA in parallel: one goroutine for AAAA, A on this one, so a
+	// lookup costs one round trip and one hand-off.
+	ch := make(chan res, 1)
+	go func() {
+		a, ttl, err := r.query(ctx, host, dns.TypeAAAA, timeout)
+		ch <- res{a, ttl, err}
+	}()
+	a4, ttl, err4 := r.query(ctx, host, dns.TypeA, timeout)
+	x := <-ch
+	addrs := append(a4, x.addrs...)
+	errs := []error{}
+	for _, err := range []error{err4, x.err} {
+		if err != nil {
+			errs = append(errs, err)
 		}
+	}
+	if x.ttl >= 0 && (ttl < 0 || x.ttl < ttl) {
+		ttl = x.ttl
 	}
 	if len(addrs) == 0 {
 		if len(errs) > 0 {
@@ -51,10 +112,16 @@ func (r *Resolver) LookupNetIP(ctx context.Context, _, host string) ([]netip.Add
 		}
 		return nil, fmt.Errorf("no A or AAAA records for %s", host)
 	}
+	// Only a complete answer (both types answered) is reused.
+	if len(errs) == 0 {
+		r.remember(host, addrs, ttl, now)
+	}
 	return addrs, nil
 }
 
-func (r *Resolver) query(ctx context.Context, host string, qt uint16, timeout time.Duration) ([]netip.Addr, error) {
+// query asks for one type; ttl is the smallest TTL among the answers, -1
+// if there are none (an empty type does not shorten the other's TTL).
+func (r *Resolver) query(ctx context.Context, host string, qt uint16, timeout time.Duration) ([]netip.Addr, time.Duration, error) {
 	m := new(dns.Msg)
 	m.SetQuestion(dns.Fqdn(host), qt)
 	m.RecursionDesired = true
@@ -65,13 +132,17 @@ func (r *Resolver) query(ctx context.Context, host string, qt uint16, timeout ti
 		resp, _, err = c.ExchangeContext(ctx, m, r.Server)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("%s %s: %w", dns.TypeToString[qt], host, err)
+		return nil, -1, fmt.Errorf("%s %s: %w", dns.TypeToString[qt], host, err)
 	}
 	if resp.Rcode != dns.RcodeSuccess {
-		return nil, fmt.Errorf("%s %s: %s", dns.TypeToString[qt], host, dns.RcodeToString[resp.Rcode])
+		return nil, -1, fmt.Errorf("%s %s: %s", dns.TypeToString[qt], host, dns.RcodeToString[resp.Rcode])
 	}
 	var out []netip.Addr
+	ttl := time.Duration(-1)
 	for _, rr := range resp.Answer {
+		if t := time.Duration(rr.Header().Ttl) * time.Second; ttl < 0 || t < ttl {
+			ttl = t
+		}
 		switch a := rr.(type) {
 		case *dns.A:
 			if ip, ok := netip.AddrFromSlice(a.A); ok {
@@ -83,5 +154,5 @@ func (r *Resolver) query(ctx context.Context, host string, qt uint16, timeout ti
 			}
 		}
 	}
-	return out, nil
+	return out, ttl, nil
 }

@@ -1,0 +1,93 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"syscall"
+
+	sysunix "golang.org/x/sys/unix"
+
+	"github.com/nixcage/nixcage/internal/config"
+)
+
+// The check that a throw-away cage got the directories its caller opened
+// (docs/run.md, "Binds are descriptors too"). It looks at the cage's main
+// process through /proc/PID/root, which races the process's exit: a
+// command that ends quickly may be exiting, a zombie or reaped by the time
+// caged looks (found by a red team: TestRunOnSystemd failed once in three
+// runs with "cannot check what the cage sees ... no such file or
+// directory"). A process that has exited sees nothing any more, so a look
+// that fails because it is gone is not an error; one that fails while it
+// lives still is, and a directory seen to differ always is.
+
+// errReplaced: the cage sees another directory than the one opened.
+var errReplaced = errors.New("it was replaced")
+
+// pinnedProcess is a process held by a pidfd: whether it has exited is
+// asked of the pidfd, which refers to this process alone (a PID reused
+// after it is reaped is another process), and answers for a zombie, a
+// process mid-exit whose /proc entries are half gone, and a reaped one.
+type pinnedProcess struct {
+	pid int
+	fd  int
+}
+
+func pinProcess(pid int) (*pinnedProcess, error) {
+	fd, err := sysunix.PidfdOpen(pid, 0)
+	if err != nil {
+		return nil, fmt.Errorf("pidfd_open: %w", err)
+	}
+	return &pinnedProcess{pid: pid, fd: fd}, nil
+}
+
+func (p *pinnedProcess) Close() error { return sysunix.Close(p.fd) }
+
+// exited: a pidfd polls readable once its process has terminated.
+func (p *pinnedProcess) exited() bool {
+	fds := []sysunix.PollFd{{Fd: int32(p.fd), Events: sysunix.POLLIN}}
+	for {
+		n, err := sysunix.Poll(fds, 0)
+		if errors.Is(err, sysunix.EINTR) {
+			continue
+		}
+		return err == nil && n > 0 && fds[0].Revents&(sysunix.POLLIN|sysunix.POLLHUP) != 0
+	}
+}
+
+// checkBindsOf compares each bind with what p sees where the cage's
+// backend makes it. unverifiable is told of a bind caged may not look at
+// (a cage running as another user: caged has no CAP_SYS_PTRACE).
+func checkBindsOf(p *pinnedProcess, binds []verifiedBind, backend string, unverifiable func(verifiedBind, error)) error {
+	for _, b := range binds {
+		at := b.Dest
+		if backend == config.BackendNspawn {
+			at = b.Source
+		}
+		err := b.sameAs(fmt.Sprintf("/proc/%d/root%s", p.pid, at))
+		switch {
+		case err == nil:
+		case errors.Is(err, errReplaced):
+			return err // seen, and wrong: whether it has exited since or not
+		case p.exited():
+			return nil // gone: nothing left to look at, or to see
+		case errors.Is(err, os.ErrPermission):
+			unverifiable(b, err)
+		default:
+			return err
+		}
+	}
+	return nil
+}
+
+// sameAs checks that p is the directory the caller opened.
+func (b verifiedBind) sameAs(p string) error {
+	var st syscall.Stat_t
+	if err := syscall.Stat(p, &st); err != nil {
+		return fmt.Errorf("cannot check what the cage sees at %s: %w", b.Source, &os.PathError{Op: "stat", Path: p, Err: err})
+	}
+	if uint64(st.Dev) != b.dev || st.Ino != b.ino {
+		return fmt.Errorf("%s is no longer the directory that was opened (%w); refusing to bind it", b.Source, errReplaced)
+	}
+	return nil
+}
