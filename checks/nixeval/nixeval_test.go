@@ -449,6 +449,20 @@ func TestGoodDeclarations(t *testing.T) {
 				t.Errorf("an unset backend reaches the model as %v; the Go default must decide", a["backend"])
 			}
 		},
+		"metrics-default": func(t *testing.T, r result, model map[string]any) {
+			if m, ok := model["metrics"].([]any); !ok || len(m) != 1 || len(m[0].(map[string]any)) != 0 {
+				t.Errorf("metrics = { } renders %v, want one empty block", model["metrics"])
+			}
+			dir := t.TempDir()
+			src := writeModel(t, dir, r.Model)
+			if o, err := run(t, cagectl(t), "render", src, "--out", filepath.Join(dir, "out")); err != nil {
+				t.Fatalf("cagectl render: %v\n%s", err, o)
+			}
+			b, _ := os.ReadFile(filepath.Join(dir, "out", "nixcage", "nixcage.json"))
+			if !strings.Contains(string(b), `"listen": "127.0.0.1:9477"`) {
+				t.Errorf("the rendered config does not serve metrics on the default address:\n%s", b)
+			}
+		},
 		"config-file":      func(t *testing.T, r result, model map[string]any) {},
 		"wildcard-inspect": func(t *testing.T, r result, model map[string]any) {},
 	}
