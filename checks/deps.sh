@@ -9,6 +9,7 @@ pkgs=(
   podman runc uidmap                               # podman backend (runc: crun fails on hybrid cgroups)
   nix-bin xz-utils                                 # real Nix stores and binary caches (xz NARs)
   zsh fish groff-base                              # cagectl's generated completions and man page, checked by their shells
+  prometheus                                       # a real Prometheus scrapes caged's metrics (TestPrometheusScrapesCaged)
 )
 missing=()
 for p in "${pkgs[@]}"; do

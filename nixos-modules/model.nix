@@ -62,6 +62,9 @@ let
       max_entries = e.maxEntries;
       max_duration = e.maxDuration;
     }) cfg.evidence;
+    # A list of one block: an empty block (the default listen) must not be
+    # dropped by clean, or metrics would silently stay off.
+    metrics = lib.mapNullable (m: [ (clean { inherit (m) listen; }) ]) cfg.metrics;
   };
 in
 {

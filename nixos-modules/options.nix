@@ -239,6 +239,12 @@ in
       };
     }) "Bounds of each quarantine's evidence copy (docs/operations.md).";
 
+    metrics = opt (types.submodule {
+      options = {
+        listen = opt types.str "Where caged serves Prometheus metrics: a loopback \"HOST:PORT\" or \"unix:/run/nixcage/NAME\" (default 127.0.0.1:9477).";
+      };
+    }) "Serve Prometheus metrics from caged (docs/fleet.md); off when null. Set to { } for the default address.";
+
     settings = mkOption {
       type = types.submodule { freeformType = types.attrsOf jsonValue; };
       default = { };

@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 
 	"github.com/nixcage/nixcage/internal/testenv"
@@ -49,6 +50,11 @@ func nixpkgsLib(t *testing.T) string {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "lib", "default.nix")); err != nil {
 		t.Fatalf("NIXPKGS_LIB=%s has no lib/default.nix: point it at a checkout of nix-community/nixpkgs.lib, or unset it to skip these tests", dir)
+	}
+	// Debian's single-user Nix sets up /nix/var/nix/profiles/per-user on
+	// every evaluation, which only root may do there.
+	if os.Geteuid() != 0 && syscall.Access("/nix/var/nix/profiles/per-user", 2 /* W_OK */) != nil {
+		testenv.RequireRoot(t, "nix-instantiate needs to write /nix/var/nix/profiles/per-user, which Debian's single-user Nix (nix-bin) lets only root do")
 	}
 	return dir
 }
@@ -441,6 +447,20 @@ func TestGoodDeclarations(t *testing.T) {
 		"default-backend": func(t *testing.T, r result, model map[string]any) {
 			if a := model["agent"].(map[string]any)["a"].(map[string]any); a["backend"] != nil {
 				t.Errorf("an unset backend reaches the model as %v; the Go default must decide", a["backend"])
+			}
+		},
+		"metrics-default": func(t *testing.T, r result, model map[string]any) {
+			if m, ok := model["metrics"].([]any); !ok || len(m) != 1 || len(m[0].(map[string]any)) != 0 {
+				t.Errorf("metrics = { } renders %v, want one empty block", model["metrics"])
+			}
+			dir := t.TempDir()
+			src := writeModel(t, dir, r.Model)
+			if o, err := run(t, cagectl(t), "render", src, "--out", filepath.Join(dir, "out")); err != nil {
+				t.Fatalf("cagectl render: %v\n%s", err, o)
+			}
+			b, _ := os.ReadFile(filepath.Join(dir, "out", "nixcage", "nixcage.json"))
+			if !strings.Contains(string(b), `"listen": "127.0.0.1:9477"`) {
+				t.Errorf("the rendered config does not serve metrics on the default address:\n%s", b)
 			}
 		},
 		"config-file":      func(t *testing.T, r result, model map[string]any) {},

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nixcage/nixcage/internal/events"
 	"github.com/nixcage/nixcage/internal/systest"
 	"github.com/nixcage/nixcage/internal/testenv"
 )
@@ -299,4 +300,57 @@ func TestCagedOnSystemd(t *testing.T) {
 	}
 	sh("cagectl release alpha && cagectl start alpha")
 	waitActive(systest.AgentUnit("alpha"), "active")
+
+	// Every event above is in the journal under its kind's MESSAGE_ID with
+	// its fields, from caged's unit (issue 18): what a journald-based
+	// shipper selects on.
+	journalEvents(t, ctx, m, []journalWant{
+		{events.ReleaseApplied, map[string]string{"NIXCAGE_GENERATION": "2", "NIXCAGE_PREVIOUS_GENERATION": "0", "NIXCAGE_BY": "root (uid 0)"}},
+		{events.ReleaseRefused, map[string]string{"NIXCAGE_OP": "apply", "NIXCAGE_BY": "root (uid 0)"}},
+		{events.AgentQuarantined, map[string]string{"NIXCAGE_AGENT": "alpha", "NIXCAGE_REASON": "system-test", "NIXCAGE_BY": "root (uid 0)", "PRIORITY": "4"}},
+		{events.AgentReleased, map[string]string{"NIXCAGE_AGENT": "alpha", "NIXCAGE_BY": "root (uid 0)"}},
+		{events.AgentStateChanged, map[string]string{"NIXCAGE_AGENT": "alpha", "NIXCAGE_ACTIVE_STATE": "active", "NIXCAGE_SUB_STATE": "running"}},
+		{events.Reconciled, map[string]string{"NIXCAGE_ERROR": "", "MESSAGE": "configuration reconciled"}},
+	})
+}
+
+type journalWant struct {
+	kind   events.Kind
+	fields map[string]string
+}
+
+// journalEvents waits for an entry of each kind that carries the fields,
+// written by caged's unit, found as a shipper would: by MESSAGE_ID.
+func journalEvents(t *testing.T, ctx context.Context, m *systest.Machine, wants []journalWant) {
+	t.Helper()
+	for _, w := range wants {
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			out, _ := m.Shell(ctx, "journalctl --no-pager -o json MESSAGE_ID="+w.kind.ID)
+			found, n := false, 0
+			for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+				var e map[string]any
+				if json.Unmarshal([]byte(line), &e) != nil {
+					continue
+				}
+				n++
+				ok := e["_SYSTEMD_UNIT"] == "nixcage-caged.service" && e["NIXCAGE_EVENT"] == w.kind.Name && e["SYSLOG_IDENTIFIER"] == events.Identifier
+				for k, v := range w.fields {
+					ok = ok && e[k] == v
+				}
+				if ok {
+					t.Logf("journal %s: %v", w.kind.Name, e["MESSAGE"])
+					found = true
+					break
+				}
+			}
+			if found {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no journal entry MESSAGE_ID=%s (%s) with %v from nixcage-caged.service (%d entries of that id):\n%s", w.kind.ID, w.kind.Name, w.fields, n, out)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
 }

@@ -2,6 +2,7 @@ package system
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nixcage/nixcage/internal/systest"
+	"github.com/nixcage/nixcage/internal/systest/probe"
 	"github.com/nixcage/nixcage/internal/testenv"
 )
 
@@ -23,8 +25,10 @@ func TestGatewayStartLimit(t *testing.T) {
 		"cagectl":     systest.BuildT(t, "./cmd/cagectl"),
 		"caged":       systest.BuildT(t, "./cmd/caged"),
 		"cage-egress": systest.BuildT(t, "./cmd/cage-egress"),
+		"cage-probe":  systest.BuildT(t, probePkg),
 	}
 	m := systest.BootT(t)
+	in := systest.StartInternetT(t, m)
 	cfg := filepath.Join(t.TempDir(), "startlimit.hcl")
 	os.WriteFile(cfg, []byte(`
 egress_policy "p" {
@@ -68,6 +72,8 @@ agent "sl" {
 	sh("cagectl events >/run/operator.events 2>&1 & echo $! >/run/events.pid")
 	waitFor("the events stream", "cagectl reload >/dev/null; grep -q Reconciled /run/operator.events")
 
+	checkGrantUnderSandbox(t, &cageEnv{m: m, in: in}, "sl", sh)
+
 	cfgFile := "/etc/nixcage/agents/sl/egress.json"
 	sh("cp " + cfgFile + " /run/egress.json.good && echo '{broken' > " + cfgFile)
 	sh("systemctl restart cage-egress@sl.service || true")
@@ -87,4 +93,81 @@ agent "sl" {
 	waitFor("the gateway's sockets again", "systemctl is-active -q cage-egress@sl.socket")
 	waitFor("caged status recovers", "! cagectl status | grep '^sl ' | grep -q 'failed'")
 	sh("kill $(cat /run/events.pid) || true")
+}
+
+// checkGrantUnderSandbox (issue 19): a time-bound grant reaches the
+// rendered gateway (DynamicUser, PrivateUsers=yes, ProtectSystem=) through
+// the root-owned grants file in /run/nixcage/cage/AGENT, and a revoke takes
+// it away, as requests from the cage's network namespace see it.
+// other.example.net is in the fake internet but not in the agent's policy.
+func checkGrantUnderSandbox(t *testing.T, e *cageEnv, agent string, sh func(string) string) {
+	t.Helper()
+	const check = "http,https://other.example.net/granted"
+	audit := "/var/log/nixcage-egress/" + agent + "/audit.jsonl"
+	try := func() probe.Result { return e.probeInCageNetns(t, agent, check)[check] }
+	upstreamSaw := func() int {
+		reqs, err := e.in.Requests()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, r := range reqs {
+			if r.Host == "other.example.net" && r.Path == "/granted" {
+				n++
+			}
+		}
+		return n
+	}
+	if r := try(); r.OK && r.Status == 200 {
+		t.Fatalf("other.example.net reachable before any grant: %+v", r)
+	}
+	if n := upstreamSaw(); n != 0 {
+		t.Fatalf("other.example.net received %d requests before any grant", n)
+	}
+	out := sh("cagectl allow " + agent + " other.example.net --for 1m --reason systest")
+	id, _, ok := strings.Cut(strings.TrimPrefix(strings.TrimSpace(out), "grant "), ":")
+	if !ok || !strings.HasPrefix(id, "g-") {
+		t.Fatalf("cagectl allow printed no grant id: %q", out)
+	}
+	granted := time.Now()
+	var r probe.Result
+	for deadline := time.Now().Add(15 * time.Second); ; {
+		if r = try(); r.OK && r.Status == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("grant %s never let the cage reach other.example.net: %+v\ngateway journal:\n%s", id, r,
+				sh("journalctl --no-pager -n 30 -u cage-egress@"+agent+".service; ls -la /run/nixcage/cage/"+agent))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("grant %s: the cage reached other.example.net %s after cagectl allow", id, time.Since(granted).Round(time.Millisecond))
+	if n := upstreamSaw(); n == 0 {
+		t.Fatal("the cage got 200 but other.example.net logged no request")
+	}
+	sh(fmt.Sprintf("grep -F '\"grant:%s\"' %s | grep -q other.example.net", id, audit))
+	if ls := sh("cagectl grants list"); !strings.Contains(ls, id) {
+		t.Errorf("grants list does not show %s:\n%s", id, ls)
+	}
+
+	sh("cagectl grants revoke " + id)
+	revoked := time.Now()
+	for deadline := time.Now().Add(15 * time.Second); ; {
+		if r = try(); !r.OK || r.Status != 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("other.example.net still reachable after revoking %s: %+v", id, r)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("revoked %s: refused again %s later (%+v)", id, time.Since(revoked).Round(time.Millisecond), r)
+	before := upstreamSaw()
+	if r = try(); r.OK && r.Status == 200 {
+		t.Fatalf("other.example.net reachable again after revoke: %+v", r)
+	}
+	if n := upstreamSaw(); n != before {
+		t.Errorf("other.example.net received a request after the revoke (%d -> %d)", before, n)
+	}
+	sh("tail -n 5 " + audit + " | grep other.example.net | tail -n 1 | grep -q default-deny")
 }

@@ -13,14 +13,23 @@ import (
 )
 
 // Excerpt writes to w the part of the audit log at path that evidence
-// keeps, at most about max bytes: every record that is not a DNS query's
-// (HTTP requests, tunnels, refusals: the decisions an agent cannot make in
-// bulk), then as many of the newest DNS records as fit, in log order. DNS
-// records left out are not dropped silently: a final summary record counts
-// them by decision. So an agent that floods DNS cannot push the decision
-// that mattered out of the evidence. If the non-DNS records alone exceed
-// max, the oldest of them are left out and counted the same way. The log is
-// opened as Open does (no links). A missing log is an empty excerpt.
+// keeps, at most about max bytes, in log order, chosen in this order of
+// precedence while room lasts:
+//
+//  1. every summary record (the counts of what the gateway's audit budget
+//     did not write one by one) and the first record of every distinct
+//     (decision, rule, host) since the log began, oldest first;
+//  2. the other non-DNS records (HTTP requests, tunnels, refusals), newest
+//     first;
+//  3. the other DNS records, newest first.
+//
+// So a flood of any kind (DNS queries, refusals to made-up names, repeats
+// of one refusal) cannot push the first blocked request to a destination
+// out of the evidence: the flood's own repeats go first, and its distinct
+// names are bounded by the gateway's budget. Records left out are not
+// dropped silently: a final summary record counts them by kind and
+// decision. The log is opened as Open does (no links). A missing log is an
+// empty excerpt.
 func Excerpt(w io.Writer, path, agent string, max int64) error {
 	f, err := Open(path)
 	if errors.Is(err, os.ErrNotExist) {
@@ -30,17 +39,24 @@ func Excerpt(w io.Writer, path, agent string, max int64) error {
 		return err
 	}
 	defer f.Close()
-	// Pass 1: sizes, to decide what fits.
+	// Pass 1: sizes and ranks, to decide what fits.
 	type line struct {
+		rank int // 0, 1, 2: the precedence above
 		dns  bool
 		size int64
 	}
 	var lines []line
-	var otherBytes int64
+	seen := map[string]bool{}
 	if err := scanLines(f, func(b []byte) {
-		l := line{dns: isDNS(b), size: int64(len(b)) + 1}
-		if !l.dns {
-			otherBytes += l.size
+		l := line{dns: isDNS(b), size: int64(len(b)) + 1, rank: 1}
+		if l.dns {
+			l.rank = 2
+		}
+		if k, summary := distinctKey(b); summary {
+			l.rank = 0
+		} else if !l.dns && k != "" && !seen[k] {
+			seen[k] = true
+			l.rank = 0
 		}
 		lines = append(lines, l)
 	}); err != nil {
@@ -48,11 +64,15 @@ func Excerpt(w io.Writer, path, agent string, max int64) error {
 	}
 	keep := make([]bool, len(lines))
 	room := max
-	// Non-DNS records first (newest first if they do not all fit), then
-	// DNS records, newest first, in the room left.
-	for _, dnsPass := range []bool{false, true} {
+	for i := range lines { // rank 0, oldest first
+		if lines[i].rank == 0 && lines[i].size <= room {
+			keep[i] = true
+			room -= lines[i].size
+		}
+	}
+	for _, rank := range []int{1, 2} { // then newest first
 		for i := len(lines) - 1; i >= 0; i-- {
-			if lines[i].dns == dnsPass && lines[i].size <= room {
+			if lines[i].rank == rank && lines[i].size <= room {
 				keep[i] = true
 				room -= lines[i].size
 			}
@@ -107,7 +127,7 @@ func Excerpt(w io.Writer, path, agent string, max int64) error {
 		rec := Record{
 			Schema: Schema, TS: time.Now().UTC().Format(time.RFC3339Nano), Agent: agent,
 			Event: EventSummary, Decision: Blocked, Rule: "evidence-excerpt", Count: leftN,
-			Reason: fmt.Sprintf("%d records of the audit log (%s) are not in this excerpt of at most %d bytes: every non-DNS record is kept first, then the newest DNS records; decisions left out, by kind and decision: %s",
+			Reason: fmt.Sprintf("%d records of the audit log (%s) are not in this excerpt of at most %d bytes: summaries and the first record of each distinct decision, rule and host are kept first, then the newest other non-DNS records, then the newest DNS records; decisions left out, by kind and decision: %s",
 				leftN, path, max, strings.Join(parts, ", ")),
 			Inspectors: []string{}, SecretsInjected: []string{}, SecretsRedacted: []string{},
 		}
@@ -120,6 +140,26 @@ func Excerpt(w io.Writer, path, agent string, max int64) error {
 		return fmt.Errorf("audit excerpt: %w", err)
 	}
 	return nil
+}
+
+// distinctKey returns a record line's (decision, rule, host) key and
+// whether it is a summary record. Only non-DNS lines are decoded (the log
+// can hold millions of DNS records).
+func distinctKey(b []byte) (key string, summary bool) {
+	if !strings.Contains(string(b), `"event":"summary"`) && isDNS(b) {
+		return "", false
+	}
+	var r struct{ Event, Decision, Rule, Host string }
+	if json.Unmarshal(b, &r) != nil {
+		return "", false
+	}
+	if r.Event == EventSummary {
+		return "", true
+	}
+	if r.Event == EventClose {
+		return "", false // its open record holds the decision
+	}
+	return r.Decision + "\x00" + r.Rule + "\x00" + r.Host, false
 }
 
 // isDNS reports whether a record line is a DNS query's, without a full

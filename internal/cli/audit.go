@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -18,7 +19,7 @@ import (
 func init() {
 	register(&command{
 		name:  "audit",
-		args:  "[AGENT...] [--decision D] [--host H] [--since T] [--until T] [--follow] [--json] [-n N] [--bus ADDR]",
+		args:  "[AGENT...] [--decision D] [--host H] [--since T] [--until T] [--distinct] [--follow] [--json] [-n N] [--bus ADDR]",
 		short: "show egress decisions, one line each (root reads the logs directly, others ask caged)",
 		run:   runAudit,
 	})
@@ -91,6 +92,7 @@ func runAudit(ctx context.Context, env *Env, args []string) error {
 	host := fs.String("host", "", "only requests to `HOST` (exact, or *.example.com for its subdomains)")
 	since := fs.String("since", "", "only records at or after `TIME` (RFC 3339, a date, or a duration ago: 2h)")
 	until := fs.String("until", "", "only records before `TIME` (same forms as --since)")
+	distinct := fs.Bool("distinct", false, "the first record of each distinct decision, rule and host in the whole log, oldest first, with how many decisions it stands for (all of them unless -n is given): what a flood of repeats cannot hide")
 	agents, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -176,8 +178,14 @@ func runAudit(ctx context.Context, env *Env, args []string) error {
 	p := &auditPrinter{env: env, raw: *asJSON, f: f, agentColumn: len(agents) > 1}
 	next := make([]int64, len(srcs))
 	var first []auditLine
+	nSet := false
+	fs.Visit(func(fl *flag.Flag) { nSet = nSet || fl.Name == "n" })
 	for i, src := range srcs {
-		lines, off, err := newestMatching(ctx, src, f, int(*n))
+		pick := newestMatching
+		if *distinct {
+			pick = distinctMatching
+		}
+		lines, off, err := pick(ctx, src, f, int(*n))
 		if err != nil {
 			return busError(fmt.Errorf("audit %s: %w", agents[i], err))
 		}
@@ -186,7 +194,10 @@ func runAudit(ctx context.Context, env *Env, args []string) error {
 	}
 	// Several agents: interleave by time, then keep the newest n overall.
 	sort.SliceStable(first, func(i, j int) bool { return first[i].rec.TS < first[j].rec.TS })
-	if len(first) > int(*n) {
+	switch {
+	case *distinct && nSet && len(first) > int(*n):
+		first = first[:*n]
+	case !*distinct && len(first) > int(*n):
 		first = first[len(first)-int(*n):]
 	}
 	for _, l := range first {
@@ -222,6 +233,8 @@ type auditLine struct {
 	raw string
 	rec auditlog.Record
 	ok  bool
+	// count, with --distinct, is how many decisions the line stands for.
+	count int64
 }
 
 func parseAudit(line string) (auditLine, bool) {
@@ -244,22 +257,53 @@ func newestMatching(ctx context.Context, src auditSource, f *auditFilter, n int)
 		return out, next, err
 	}
 	var out []auditLine
+	next, err := scanMatching(ctx, src, f, func(al auditLine) {
+		out = append(out, al)
+		if len(out) > n {
+			out = out[1:]
+		}
+	})
+	return out, next, err
+}
+
+// distinctMatching returns the first record of each distinct (decision,
+// rule, host) that passes f, oldest first, each with the decisions its key
+// stands for in the whole log (summary records count theirs), and the
+// offset to follow from. The gateway writes the first refusal to each
+// destination whole, so a flood of repeats or of made-up names does not
+// hide it here, however many records came after it.
+func distinctMatching(ctx context.Context, src auditSource, f *auditFilter, _ int) ([]auditLine, int64, error) {
+	var out []auditLine
+	at := map[string]int{}
+	next, err := scanMatching(ctx, src, f, func(al auditLine) {
+		k := al.rec.Decision + "\x00" + al.rec.Rule + "\x00" + al.rec.Host
+		i, ok := at[k]
+		if !ok {
+			i = len(out)
+			at[k] = i
+			out = append(out, al)
+		}
+		out[i].count += int64(al.rec.Decisions())
+	})
+	return out, next, err
+}
+
+// scanMatching calls fn with every record of src that passes f, reading the
+// whole log once in chunks, and returns the offset to follow from.
+func scanMatching(ctx context.Context, src auditSource, f *auditFilter, fn func(auditLine)) (int64, error) {
 	var off int64
 	for {
 		lines, next, err := src(ctx, off, 10000)
 		if err != nil {
-			return nil, 0, err
+			return 0, err
 		}
 		for _, l := range lines {
 			if al, ok := parseAudit(l); ok && f.match(&al.rec) {
-				out = append(out, al)
-				if len(out) > n {
-					out = out[1:]
-				}
+				fn(al)
 			}
 		}
 		if len(lines) == 0 || next == off {
-			return out, next, nil
+			return next, nil
 		}
 		off = next
 	}
@@ -275,6 +319,10 @@ type auditPrinter struct {
 func (p *auditPrinter) print(l auditLine) {
 	if p.agentColumn && l.ok && !p.raw {
 		fmt.Fprintf(p.env.Out, "%-12s ", auditlog.Escape(l.rec.Agent))
+	}
+	if l.count > 0 && l.ok && !p.raw {
+		fmt.Fprintf(p.env.Out, "%s  [%d decisions like it]\n", l.rec.Line(), l.count)
+		return
 	}
 	printAudit(p.env, l.raw, p.raw)
 }

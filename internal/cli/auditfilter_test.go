@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -54,5 +55,35 @@ func TestAuditFiltersAllAgents(t *testing.T) {
 	}
 	if code, _, errs := run(t, "audit", "--since", "yesterday", "--bus", a); code != ExitUsage || !strings.Contains(errs, "RFC 3339") {
 		t.Errorf("bad --since: exit %d %s", code, errs)
+	}
+}
+
+// --distinct, through caged as a viewer: the first blocked CONNECT stays on
+// screen after a flood of repeats and budget summaries that fills any
+// newest-N view, with how many decisions each line stands for.
+func TestAuditDistinctShowsWhatAFloodHides(t *testing.T) {
+	c := daemontest.Start(t, cliAgents)
+	f := c.Path(filepath.Join(paths.AuditDir("alpha"), "audit.jsonl"))
+	os.MkdirAll(filepath.Dir(f), 0o755)
+	var b strings.Builder
+	b.WriteString(`{"schema":2,"ts":"2026-11-30T10:00:00Z","agent":"alpha","method":"CONNECT","host":"evil.attacker.test","port":443,"decision":"blocked","rule":"default-deny"}` + "\n")
+	for i := range 3000 {
+		fmt.Fprintf(&b, `{"schema":2,"ts":"2026-11-30T10:00:01.%04dZ","agent":"alpha","method":"CONNECT","host":"a.test","port":443,"decision":"blocked","rule":"default-deny"}`+"\n", i)
+	}
+	b.WriteString(`{"schema":2,"ts":"2026-11-30T10:00:05Z","agent":"alpha","event":"summary","decision":"blocked","rule":"audit-budget:refusal","reason":"refusal: ...","count":5000}` + "\n")
+	os.WriteFile(f, []byte(b.String()), 0o644)
+
+	newest := mustRun(t, "audit", "alpha", "-n", "1000", "--bus", c.Bus.Address)
+	if strings.Contains(newest, "evil.attacker.test") {
+		t.Fatal("the newest 1000 records still hold the first one: the flood is too small to test --distinct")
+	}
+	got := strings.Split(strings.TrimSpace(mustRun(t, "audit", "alpha", "--distinct", "--bus", c.Bus.Address)), "\n")
+	if len(got) != 3 || !strings.Contains(got[0], "evil.attacker.test:443") || !strings.HasSuffix(got[0], "[1 decisions like it]") ||
+		!strings.Contains(got[1], "a.test:443") || !strings.HasSuffix(got[1], "[3000 decisions like it]") ||
+		!strings.Contains(got[2], "audit-budget:refusal") || !strings.HasSuffix(got[2], "[5000 decisions like it]") {
+		t.Fatalf("--distinct:\n%s", strings.Join(got, "\n"))
+	}
+	if got := strings.TrimSpace(mustRun(t, "audit", "alpha", "--distinct", "-n", "1", "--json", "--bus", c.Bus.Address)); !strings.Contains(got, `"host":"evil.attacker.test"`) || strings.Contains(got, "\n") {
+		t.Fatalf("--distinct -n 1 --json: %s", got)
 	}
 }

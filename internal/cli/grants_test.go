@@ -16,6 +16,7 @@ import (
 // writes is the one the gateway loads (policy.LoadGrants, the gateway's own
 // reader, accepts it).
 func TestGrantsThroughCaged(t *testing.T) {
+	testenv.RequireRoot(t, "caged accepts only a root-owned grants file, and a non-root test process writes files it owns")
 	c := daemontest.Start(t, cliAgents)
 	bus := []string{"--bus", c.Bus.Address}
 	out := mustRun(t, append([]string{"allow", "alpha", "api.example.com:8443", "--for", "2h", "--reason", "npm install"}, bus...)...)

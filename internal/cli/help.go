@@ -46,6 +46,7 @@ var help = map[string]helpText{
 			"cagectl audit claude",
 			"cagectl audit claude -n 100 --json",
 			"cagectl audit claude --follow",
+			"cagectl audit claude --distinct --decision blocked",
 		},
 	},
 	"policy suggest": {

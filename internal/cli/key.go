@@ -65,7 +65,7 @@ func runKeyGenerate(_ context.Context, env *Env, args []string) error {
 func init() {
 	register(&command{
 		name:  "key rotate",
-		args:  "--root-key KEY... --version N --release-key PUB... [--threshold T] [--new-root PUB... --root-threshold T] [--expires 365d] --out DIR",
+		args:  "--root-key KEY... --version N --release-key PUB... [--threshold T] [--new-root PUB... --root-threshold T] [--generation-floor N] [--expires 365d] --out DIR",
 		short: "sign a new key set (release keys, next root keys) with the root keys: DIR/keys/N.json",
 		run:   runKeyRotate,
 	})
@@ -86,6 +86,7 @@ func runKeyRotate(_ context.Context, env *Env, args []string) error {
 	version := fl.Uint64("version", 0, "key set version: one above the store's current one (the configuration is version 0)")
 	threshold := fl.Int("threshold", 1, "release keys that must sign a release")
 	rootThreshold := fl.Int("root-threshold", 1, "root keys of this set that must sign the next set")
+	floor := fl.Uint64("generation-floor", 0, "releases must be above generation `N` from this set on (restores rollback protection when the rotation revokes the keys that signed the newest generations)")
 	expires := fl.String("expires", "365d", "when this key set (the root role) expires: RFC 3339, days (365d) or a duration")
 	out := fl.String("out", "", "write `DIR`/keys/N.json and N.json.sig")
 	pos, err := parseFlags(fl, args)
@@ -93,7 +94,7 @@ func runKeyRotate(_ context.Context, env *Env, args []string) error {
 		return err
 	}
 	if len(pos) != 0 || len(rootPriv) == 0 || len(relPub) == 0 || *version == 0 || *out == "" {
-		return usageError("usage: cagectl key rotate --root-key KEY... --version N --release-key PUB... [--threshold T] [--new-root PUB... --root-threshold T] [--expires 365d] --out DIR")
+		return usageError("usage: cagectl key rotate --root-key KEY... --version N --release-key PUB... [--threshold T] [--new-root PUB... --root-threshold T] [--generation-floor N] [--expires 365d] --out DIR")
 	}
 	now := time.Now().UTC().Truncate(time.Second)
 	exp, err := parseExpires(*expires, now)
@@ -122,7 +123,7 @@ func runKeyRotate(_ context.Context, env *Env, args []string) error {
 			roots = append(roots, k.Public())
 		}
 	}
-	ks := &release.KeySet{Schema: release.Schema, Version: *version, Created: now, Expires: exp.UTC()}
+	ks := &release.KeySet{Schema: release.Schema, Version: *version, Created: now, Expires: exp.UTC(), GenerationFloor: *floor}
 	if ks.Root, err = release.NewRole(roots, *rootThreshold); err != nil {
 		return failure(err)
 	}

@@ -115,6 +115,9 @@ func Canonical(cfg *Config) ([]byte, error) {
 		}
 		doc["evidence"] = m
 	}
+	if cfg.Metrics != nil {
+		doc["metrics"] = map[string]any{"listen": cfg.Metrics.Listen}
+	}
 	b, err := json.MarshalIndent(doc, "", "  ")
 	if err != nil {
 		return nil, err

@@ -13,6 +13,7 @@ type Config struct {
 	Accounts []*Account // in declaration order
 	Store    *Store     // nil when no store block was declared
 	Evidence Evidence   // zero fields: the quarantine package's defaults
+	Metrics  *Metrics   // nil when no metrics block was declared (off)
 	// Policies are the declared named policies, used or not (cagectl run
 	// names them too), sorted by name.
 	Policies []policy.Policy
@@ -119,6 +120,13 @@ type Store struct {
 	// RootThreshold of them must (default 1). Empty: no rotation.
 	RootKeys      []string
 	RootThreshold int
+}
+
+// Metrics is caged's Prometheus endpoint.
+type Metrics struct {
+	// Listen is "HOST:PORT" with a loopback IP literal, or
+	// "unix:/run/nixcage/NAME" (DefaultMetricsListen).
+	Listen string
 }
 
 // Agent returns the agent called name, or nil.

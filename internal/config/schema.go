@@ -15,6 +15,13 @@ type fileV1 struct {
 	Accounts []accountV1   `hcl:"account,block"`
 	Store    []storeV1     `hcl:"store,block"`
 	Evidence []evidenceV1  `hcl:"evidence,block"`
+	Metrics  []metricsV1   `hcl:"metrics,block"`
+}
+
+// metricsV1 turns on caged's Prometheus endpoint.
+type metricsV1 struct {
+	Body   hcl.Body `hcl:",body"`
+	Listen *string  `hcl:"listen,optional"`
 }
 
 // evidenceV1 bounds each quarantine's copy of an agent's workspace.

@@ -3,6 +3,8 @@ package config
 import (
 	"fmt"
 	"github.com/nixcage/nixcage/internal/harness"
+	"net"
+	"path"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -60,6 +62,13 @@ const (
 	// DefaultExpiryWarning: a current generation whose release expires
 	// within this is reported as expiring (store verify, status, D-Bus).
 	DefaultExpiryWarning = 7 * 24 * time.Hour
+	// DefaultMetricsListen is where a metrics block without listen serves:
+	// loopback only, on a port of its own (Prometheus' exporter registry
+	// has no nixcage entry; 9477 is unassigned there).
+	DefaultMetricsListen = "127.0.0.1:9477"
+	// MetricsSocketDir is where a unix-socket metrics endpoint must live:
+	// caged's RuntimeDirectory=, the one place its unit may create it.
+	MetricsSocketDir = "/run/nixcage/"
 )
 
 type validator struct {
@@ -215,6 +224,8 @@ func (v *validator) build(files []*fileV1) *Config {
 		func(s *storeV1) { cfg.Store = v.store(s) })
 	onlyBlock(v, files, "evidence", func(f *fileV1) []evidenceV1 { return f.Evidence }, func(e *evidenceV1) hcl.Body { return e.Body },
 		func(e *evidenceV1) { cfg.Evidence = v.evidence(e) })
+	onlyBlock(v, files, "metrics", func(f *fileV1) []metricsV1 { return f.Metrics }, func(m *metricsV1) hcl.Body { return m.Body },
+		func(m *metricsV1) { cfg.Metrics = v.metrics(m) })
 	if cfg.Store != nil {
 		for _, a := range cfg.Agents {
 			if within(a.Workspace, cfg.Store.Root) {
@@ -833,6 +844,35 @@ func onlyBlock[T any](v *validator, files []*fileV1, kind string, blocks func(*f
 		}
 	}
 	return first
+}
+
+// metrics checks where caged serves metrics: loopback or a socket in its
+// runtime directory. Anything wider would publish per-agent activity to the
+// network; a remote Prometheus scrapes through a proxy the operator runs
+// (docs/fleet.md).
+func (v *validator) metrics(m *metricsV1) *Metrics {
+	out := &Metrics{Listen: DefaultMetricsListen}
+	if m.Listen == nil {
+		return out
+	}
+	out.Listen = *m.Listen
+	rng := at(m.Body, "listen")
+	if p, ok := strings.CutPrefix(*m.Listen, "unix:"); ok {
+		if !strings.HasPrefix(p, MetricsSocketDir) || path.Clean(p) != p || len(p) == len(MetricsSocketDir) {
+			v.errorf(rng, "Invalid metrics socket", "metrics: listen = %q; a socket must be a file under %s (caged's runtime directory), such as \"unix:%smetrics.sock\".", *m.Listen, MetricsSocketDir, MetricsSocketDir)
+		}
+		return out
+	}
+	host, port, err := net.SplitHostPort(*m.Listen)
+	ip := net.ParseIP(host)
+	n, perr := strconv.Atoi(port)
+	switch {
+	case err != nil || perr != nil || n < 1 || n > 65535 || ip == nil:
+		v.errorf(rng, "Invalid metrics address", "metrics: listen = %q; write a loopback address and port such as %q, or a socket such as \"unix:%smetrics.sock\".", *m.Listen, DefaultMetricsListen, MetricsSocketDir)
+	case !ip.IsLoopback():
+		v.errorf(rng, "Metrics address not on loopback", "metrics: listen = %q; caged serves metrics on loopback (127.0.0.1, ::1) or a unix socket only. Scrape from another host through a proxy you run (docs/fleet.md).", *m.Listen)
+	}
+	return out
 }
 
 // evidence checks the quarantine copy's bounds: each must be positive

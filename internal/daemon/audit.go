@@ -25,6 +25,7 @@ type auditTail struct {
 type tailState struct {
 	offset                    int64
 	allowed, flagged, blocked uint64
+	bytesOut, bytesIn         uint64
 }
 
 // maxSignalsPerPoll bounds the signals one agent can cause per poll, so a
@@ -51,6 +52,17 @@ func (t *auditTail) counts(agent string) (allowed, flagged, blocked uint64) {
 		return st.allowed, st.flagged, st.blocked
 	}
 	return 0, 0, 0
+}
+
+// traffic is the bytes agent's gateway moved since caged started (from
+// the request and tunnel-close records).
+func (t *auditTail) traffic(agent string) (out, in uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if st := t.files[agent]; st != nil {
+		return st.bytesOut, st.bytesIn
+	}
+	return 0, 0
 }
 
 func (t *auditTail) run(ctx context.Context) {
@@ -96,7 +108,7 @@ func (t *auditTail) poll() {
 		if err != nil || next == offset {
 			continue
 		}
-		var allowed, flagged, blocked uint64
+		var allowed, flagged, blocked, bytesOut, bytesIn uint64
 		type notice struct {
 			rec  auditlog.Record
 			line string
@@ -106,6 +118,13 @@ func (t *auditTail) poll() {
 			var r auditlog.Record
 			if json.Unmarshal([]byte(l), &r) != nil {
 				continue
+			}
+			// Bytes count on every record: a tunnel's are on its close.
+			if r.BytesOut > 0 {
+				bytesOut += uint64(r.BytesOut)
+			}
+			if r.BytesIn > 0 {
+				bytesIn += uint64(r.BytesIn)
 			}
 			n := r.Decisions()
 			if n == 0 {
@@ -130,6 +149,8 @@ func (t *auditTail) poll() {
 		st.allowed += allowed
 		st.flagged += flagged
 		st.blocked += blocked
+		st.bytesOut += bytesOut
+		st.bytesIn += bytesIn
 		t.mu.Unlock()
 		for _, n := range notable {
 			t.d.srv.Emit(bus.SignalEgressDecision, a.Name, n.rec.Decision, n.rec.Host, n.rec.Reason, n.line)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/nixcage/nixcage/internal/events"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -134,7 +135,7 @@ func (d *Daemon) refreshStates(ctx context.Context, agents ...string) error {
 	// signal, reports it; the cache makes the other one a no-op.
 	if d.srv != nil {
 		for _, c := range changed {
-			d.srv.Emit(bus.SignalAgentStateChanged, c.agent, c.active, c.sub)
+			d.emit(bus.SignalAgentStateChanged, c.agent, c.active, c.sub)
 		}
 	}
 	return nil
@@ -247,7 +248,7 @@ func (d *Daemon) Kill(ctx context.Context, agent, by string) error {
 	if err := d.units.Kill(ctx, unit, int32(syscall.SIGKILL)); err != nil {
 		return err
 	}
-	d.srv.Emit(bus.SignalAgentKilled, agent, by)
+	d.emit(bus.SignalAgentKilled, agent, by)
 	d.refresh(ctx, agent)
 	return nil
 }
@@ -285,7 +286,7 @@ func (d *Daemon) Quarantine(ctx context.Context, agent, reason, by string) (stri
 		evidence = res.Evidence.Dir
 	}
 	if res != nil {
-		d.srv.Emit(bus.SignalAgentQuarantined, agent, reason, evidence, by)
+		d.emit(bus.SignalAgentQuarantined, agent, reason, evidence, by)
 	}
 	d.refresh(ctx, agent)
 	return evidence, err
@@ -298,7 +299,7 @@ func (d *Daemon) Release(ctx context.Context, agent, by string) error {
 		return fmt.Errorf("%w: %v", bus.ErrInvalid, err)
 	}
 	d.log.Warn("agent released from quarantine", "agent", agent, "by", by, "quarantined_by", m.By, "reason", m.Reason, "evidence", m.Evidence)
-	d.srv.Emit(bus.SignalAgentReleased, agent, by)
+	d.emit(bus.SignalAgentReleased, agent, by)
 	d.refresh(ctx, agent)
 	return nil
 }
@@ -422,7 +423,8 @@ func (d *Daemon) Apply(ctx context.Context, source, by string) (*bus.ApplyResult
 	for _, w := range res.Warnings {
 		d.log.Warn("release applied with a problem after the switch", "generation", res.Generation, "by", by, "warning", w)
 	}
-	d.srv.Emit(bus.SignalReleaseApplied, res.Generation, res.Previous, by)
+	d.noteApplied()
+	d.emit(bus.SignalReleaseApplied, res.Generation, res.Previous, by)
 	d.srv.SetManager(res.Generation, res.Channel, d.reconcileErrString())
 	warnings := res.Warnings
 	if warnings == nil {
@@ -448,6 +450,7 @@ func (d *Daemon) storeFailure(op, source, by string, err error) error {
 	switch {
 	case errors.As(err, &ref):
 		d.log.Error("release refused", "op", op, "source", source, "by", by, "err", err)
+		d.journal(events.ReleaseRefused, map[string]string{"NIXCAGE_OP": op, "NIXCAGE_SOURCE": source, "NIXCAGE_BY": by, "NIXCAGE_REASON": err.Error()})
 	case errors.As(err, &se):
 		d.log.Error("store I/O failure; the previous generation is still current", "op", op, "source", source, "by", by, "err", err)
 		return ioFailure{err}
@@ -473,7 +476,8 @@ func (d *Daemon) Rollback(ctx context.Context, to uint64, force bool, by string)
 		return 0, 0, d.storeFailure("rollback", "", by, err)
 	}
 	d.log.Warn("store rolled back", "from", from, "to", now, "forced", force, "by", by)
-	d.srv.Emit(bus.SignalReleaseApplied, now, from, by)
+	d.noteApplied()
+	d.emit(bus.SignalReleaseApplied, now, from, by)
 	_, channel := d.storeCurrent()
 	d.srv.SetManager(now, channel, d.reconcileErrString())
 	return from, now, nil

@@ -118,6 +118,7 @@ type Daemon struct {
 	egressFail     map[string]string // agent -> why its gateway is down (egress.go)
 	audit          *auditTail
 	lastGeneration uint64
+	lastApply      time.Time       // last apply or rollback by this caged
 	runs           map[string]*run // throw-away cages by name
 	consoles       map[string]*console
 	slicesOnce     sync.Once
@@ -210,7 +211,8 @@ func Serve(ctx context.Context, o Options) error {
 	d.publishAgents(ctx)
 	d.srv.SetManager(gen, channel, d.reconcileErrString())
 
-	wg.Add(3)
+	wg.Add(4)
+	go func() { defer wg.Done(); d.serveMetrics(ctx) }()
 	go func() { defer wg.Done(); d.audit.run(ctx) }()
 	go func() { defer wg.Done(); d.watchdog(ctx) }()
 	go func() { defer wg.Done(); d.refreshLoop(ctx) }()
@@ -336,7 +338,7 @@ func (d *Daemon) recordReconcile(ctx context.Context, res *reconcile.Result, err
 		if err != nil {
 			msg = err.Error()
 		}
-		d.srv.Emit(bus.SignalReconciled, msg)
+		d.emit(bus.SignalReconciled, msg)
 	}
 	if rerr := d.refreshStates(ctx); rerr != nil {
 		d.log.Warn("read unit states", "err", rerr)
@@ -432,7 +434,7 @@ func (d *Daemon) watchUnits(ctx context.Context, updates <-chan *sdbus.Propertie
 			// systemd often repeats a state in a second PropertiesChanged;
 			// signal transitions only.
 			if isAgent && (s.Active != prev.Active || s.Sub != prev.Sub) {
-				d.srv.Emit(bus.SignalAgentStateChanged, agent, s.Active, s.Sub)
+				d.emit(bus.SignalAgentStateChanged, agent, s.Active, s.Sub)
 			}
 		}
 	}

@@ -70,7 +70,7 @@ func (d *Daemon) noteEgress(agent, failure string) {
 	if failure != "" && failure != prev {
 		d.log.Error("gateway failed; the cage has no network until it is restarted", "agent", agent, "state", failure, "recover", "cagectl restart "+agent)
 		if d.srv != nil {
-			d.srv.Emit(bus.SignalEgressFailed, agent, "gateway "+failure, "cagectl restart "+agent)
+			d.emit(bus.SignalEgressFailed, agent, "gateway "+failure, "cagectl restart "+agent)
 		}
 	}
 }

@@ -422,7 +422,7 @@ func (d *Daemon) launchRun(ctx context.Context, r *run, agent *config.Agent, sto
 		go d.finishRun(r, err.Error())
 		return fmt.Errorf("run %s: %w", r.name, err)
 	}
-	d.srv.Emit(bus.SignalRunStarted, r.name, r.backend, r.by)
+	d.emit(bus.SignalRunStarted, r.name, r.backend, r.by)
 	if endedEarly {
 		go d.finishRun(r, "")
 		return nil
@@ -579,7 +579,7 @@ func (d *Daemon) runUnitChanged(unit string, s reconcile.State) bool {
 	}
 	ended := r.active && r.seenUp && isEnded(s)
 	r.mu.Unlock()
-	d.srv.Emit(bus.SignalAgentStateChanged, name, r.state.Active, r.state.Sub)
+	d.emit(bus.SignalAgentStateChanged, name, r.state.Active, r.state.Sub)
 	if ended {
 		go d.finishRun(r, "")
 	}
@@ -670,7 +670,7 @@ func (d *Daemon) finishRun(r *run, why string) {
 			"allowed", sum.Allowed, "flagged", sum.Flagged, "blocked", sum.Blocked, "duration", time.Since(r.started).Round(time.Millisecond),
 			"ran", tEnd.Sub(r.up).Round(time.Microsecond), "teardown", time.Since(tEnd).Round(time.Microsecond))
 		js, _ := json.Marshal(sum)
-		d.srv.Emit(bus.SignalRunFinished, r.name, sum.Exit, string(js))
+		d.emit(bus.SignalRunFinished, r.name, sum.Exit, string(js))
 		d.publishAgents(ctx)
 	})
 }

@@ -112,6 +112,7 @@ func New(rt *policy.Runtime, opts Options) (*Gateway, error) {
 	g := &Gateway{opts: opts, own: netguard.OwnAddrs(), listen: map[netip.AddrPort]bool{}, log: opts.Log}
 	opts.Audit.SetBudget(audit.ClassDNS, audit.DefaultBudget)
 	opts.Audit.SetBudget(audit.ClassCap, audit.DefaultBudget)
+	opts.Audit.SetBudget(audit.ClassRefusal, audit.RefusalBudget)
 	st, err := g.build(rt)
 	if err != nil {
 		return nil, err

@@ -59,8 +59,17 @@ func block(status int, rule, format string, args ...any) *blockedErr {
 	return &blockedErr{status: status, reason: fmt.Sprintf(format, args...), rule: rule}
 }
 
+// logAudit writes rec. A refusal is made at once, on a new connection if
+// the agent likes, so refusals are budgeted (audit.RefusalBudget): a flood
+// of them cannot push the one that mattered out of the bounded views of
+// the log. A tunnel's close record is never budgeted: its open record was
+// written and an open without a close reads as a crashed gateway.
 func (g *Gateway) logAudit(rec audit.Record) {
-	if err := g.opts.Audit.Log(rec); err != nil {
+	log := g.opts.Audit.Log
+	if rec.Decision == audit.Blocked && rec.Event != audit.EventClose {
+		log = func(r audit.Record) error { return g.opts.Audit.LogBudgeted(audit.ClassRefusal, r) }
+	}
+	if err := log(rec); err != nil {
 		g.log.Error("audit write failed", "err", err)
 	}
 }

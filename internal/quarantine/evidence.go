@@ -30,7 +30,8 @@ const (
 	OmittedName  = "omitted.txt"
 	NamesName    = "names.txt"
 	SummaryName  = "evidence.json"
-	// DefaultMaxAudit caps the audit excerpt: the newest records are kept.
+	// DefaultMaxAudit caps the audit excerpt (what it keeps first:
+	// auditlog.Excerpt).
 	DefaultMaxAudit = 64 << 20
 )
 
@@ -187,9 +188,10 @@ func writeFile(dir, name string, b []byte, m *manifest) error {
 	return nil
 }
 
-// copyAudit writes the audit excerpt (auditlog.Excerpt: every non-DNS
-// record, then the newest DNS records that fit in max bytes, and a summary
-// counting what was left out), opened without following links. A missing
+// copyAudit writes the audit excerpt (auditlog.Excerpt: summaries and the
+// first record of each distinct decision, rule and host, then the newest
+// non-DNS and DNS records that fit in max bytes, and a summary counting
+// what was left out), opened without following links. A missing
 // log (the gateway never ran) is an empty excerpt.
 func copyAudit(src, dst, agent string, max int64, m *manifest) error {
 	pr, pw := io.Pipe()

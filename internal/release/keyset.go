@@ -35,6 +35,11 @@ type KeySet struct {
 	Expires time.Time `json:"expires"`
 	Root    Role      `json:"root"`
 	Release Role      `json:"release"`
+	// GenerationFloor, when set, is a generation the root keys vouch for
+	// as the lowest a release may follow: releases must be above it. It
+	// restores rollback protection after a rotation drops the keys whose
+	// generations counted (see docs/store.md, "Anti-rollback counter").
+	GenerationFloor uint64 `json:"generation_floor,omitempty"`
 }
 
 // Role is a set of PEM public keys and how many of them must sign.
@@ -54,6 +59,7 @@ type Trust struct {
 	RootThreshold    int
 	ReleaseKeys      []*PublicKey
 	ReleaseThreshold int
+	GenerationFloor  uint64 // releases must be above it (0 for version 0)
 }
 
 // ParseKeySet decodes a key set strictly and checks its structure.
@@ -100,7 +106,7 @@ func (ks *KeySet) Trust() (*Trust, error) {
 		return nil, err
 	}
 	return &Trust{Version: ks.Version, Expires: ks.Expires, RootKeys: root, RootThreshold: ks.Root.Threshold,
-		ReleaseKeys: rel, ReleaseThreshold: ks.Release.Threshold}, nil
+		ReleaseKeys: rel, ReleaseThreshold: ks.Release.Threshold, GenerationFloor: ks.GenerationFloor}, nil
 }
 
 func parseRole(name string, r Role) ([]*PublicKey, error) {

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync/atomic"
+	"syscall"
 
 	"github.com/nix-community/go-nix/pkg/nar"
 )
@@ -65,9 +66,22 @@ func (e *WriteError) Unwrap() error { return e.Err }
 // Files get mode 0444 or 0555 and directories 0555 once their children are
 // written (Nix's canonical permissions).
 func UnpackNAR(r io.Reader, dst string) (NarStats, error) {
+	return unpackNAR(r, dst, "")
+}
+
+// PathMax is Linux's PATH_MAX: the longest path, its NUL included, that a
+// system call accepts.
+const PathMax = 4096
+
+// unpackNAR is UnpackNAR for the NAR of storePath ("/nix/store/<name>",
+// empty if unknown): every entry, named as a cage sees it
+// (storePath+entry), must be shorter than PathMax, or the NAR is refused
+// (no program could open it). What was unpacked so far sits in the
+// caller's work directory, which it removes; nothing reaches the store.
+func unpackNAR(r io.Reader, dst, storePath string) (NarStats, error) {
 	hr := &hashReader{r: r, h: sha256.New()}
 	br := bufio.NewReaderSize(hr, 256<<10)
-	st, err := unpack(br, hr, dst)
+	st, err := unpack(br, hr, dst, storePath)
 	if err != nil {
 		return st, err
 	}
@@ -81,7 +95,31 @@ func UnpackNAR(r io.Reader, dst string) (NarStats, error) {
 	return st, nil
 }
 
-func unpack(br io.Reader, hr *hashReader, dst string) (st NarStats, err error) {
+// tooLong is the refusal of an entry no system call can name.
+func tooLong(p string, n int, where string) error {
+	if len(p) > 64 {
+		p = p[:64] + "..."
+	}
+	return fmt.Errorf("nar entry %q is %d bytes long %s, longer than PATH_MAX (%d): no program could open it; publish the path with a shallower tree", p, n, where, PathMax-1)
+}
+
+// nameError turns a failed create into a verdict when the name itself is
+// what the kernel refused (ENAMETOOLONG: a component over NAME_MAX, or the
+// path under this store's root over PATH_MAX): a property of the release,
+// not a fault of this machine, so never a WriteError.
+func nameError(p, target string, err error) error {
+	if errors.Is(err, syscall.ENAMETOOLONG) {
+		if len(target) >= PathMax {
+			return tooLong(p, len(target), "where this store unpacks it")
+		}
+		// go-nix refuses names over 255 bytes (NAME_MAX on Linux file
+		// systems), so this is a file system with a smaller limit.
+		return fmt.Errorf("nar entry %q: this store's file system refuses its name as too long (ENAMETOOLONG)", p)
+	}
+	return &WriteError{Err: err}
+}
+
+func unpack(br io.Reader, hr *hashReader, dst, storePath string) (st NarStats, err error) {
 	nr, err := nar.NewReader(br)
 	if err != nil {
 		return st, fmt.Errorf("read nar: %w", err)
@@ -127,6 +165,9 @@ func unpack(br io.Reader, hr *hashReader, dst string) (st NarStats, err error) {
 			return st, errors.New("nar has a second root entry")
 		}
 		seen[p] = true
+		if storePath != "" && p != "/" && len(storePath)+len(p) >= PathMax {
+			return st, tooLong(p, len(storePath)+len(p), "as "+storePath+"/...")
+		}
 		if p == "/" {
 			st.Root = hdr.Type
 		}
@@ -140,7 +181,7 @@ func unpack(br io.Reader, hr *hashReader, dst string) (st NarStats, err error) {
 			dirs[p] = true
 			if target != "" {
 				if err := os.Mkdir(target, 0o755); err != nil {
-					return st, &WriteError{Err: err}
+					return st, nameError(p, target, err)
 				}
 				dirOrder = append(dirOrder, target)
 			}
@@ -148,7 +189,7 @@ func unpack(br io.Reader, hr *hashReader, dst string) (st NarStats, err error) {
 			st.Symlinks++
 			if target != "" {
 				if err := os.Symlink(hdr.LinkTarget, target); err != nil {
-					return st, &WriteError{Err: err}
+					return st, nameError(p, target, err)
 				}
 			}
 		case nar.TypeRegular:
@@ -166,6 +207,9 @@ func unpack(br io.Reader, hr *hashReader, dst string) (st NarStats, err error) {
 			n, err := writeFile(target, mode, nr, buf)
 			var we *WriteError
 			if errors.As(err, &we) {
+				if errors.Is(err, syscall.ENAMETOOLONG) {
+					return st, nameError(p, target, err)
+				}
 				return st, err
 			}
 			if err != nil {

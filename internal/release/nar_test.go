@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -62,6 +63,7 @@ func TestUnpackNAR(t *testing.T) {
 		{"Unsorted", dirNAR(file("b", "x", false), file("a", "y", false)), "wrong order"},
 		{"Truncated", dirNAR(file("a", "hello", false))[:60], "read nar"},
 		{"NotANar", []byte("definitely not a nar"), "read nar"},
+		{"NameOverNameMax", dirNAR(file(strings.Repeat("n", 300), "x", false)), "exceeds maximum of 255 bytes"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -70,6 +72,9 @@ func TestUnpackNAR(t *testing.T) {
 			if tc.want != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.want) {
 					t.Fatalf("error %v, want %q", err, tc.want)
+				}
+				if we := (*WriteError)(nil); errors.As(err, &we) {
+					t.Fatalf("error %v is a WriteError: a verdict on the NAR must not read as this machine's I/O failure", err)
 				}
 				if _, err := os.Lstat(filepath.Join(filepath.Dir(dst), "x")); err == nil {
 					t.Fatal("an entry landed outside dst")
@@ -154,5 +159,45 @@ func TestUnpackNARIgnoresUmask(t *testing.T) {
 		if err != nil || fi.Mode().Perm() != want {
 			t.Errorf("%q: mode %v (%v), want %v", name, fi.Mode().Perm(), err, want)
 		}
+	}
+}
+
+// TestUnpackRefusesPathsPastPathMax: an entry whose path in a cage
+// (/nix/store/<name>/...) is PATH_MAX or longer is refused as a verdict,
+// whether or not it is being written (dst empty: hash only), and one the
+// kernel refuses while unpacking under a longer store root too, never as
+// a WriteError.
+func TestUnpackRefusesPathsPastPathMax(t *testing.T) {
+	deep := func(depth int) []byte {
+		var b narBuf
+		b.str("nix-archive-1", "(", "type", "directory")
+		for range depth {
+			b.str("entry", "(", "name", "d", "node", "(", "type", "directory")
+		}
+		for range depth {
+			b.str(")", ")")
+		}
+		b.str(")")
+		return b.Bytes()
+	}
+	const sp = "/nix/store/00000000000000000000000000000001-deep"
+	// 2030 levels of "/d": 4060 bytes, +49 for the store path: past 4095.
+	if _, err := unpackNAR(bytes.NewReader(deep(2030)), "", sp); err == nil || !strings.Contains(err.Error(), "longer than PATH_MAX") {
+		t.Fatalf("hash-only: err=%v", err)
+	}
+	// 2000 levels: 4049 bytes in a cage, fine there; unpacked under a root
+	// padded to make it too long for this machine: refused, not I/O.
+	if _, err := unpackNAR(bytes.NewReader(deep(2000)), "", sp); err != nil {
+		t.Fatalf("4049-byte path, hash-only: %v", err)
+	}
+	root := t.TempDir()
+	dst := filepath.Join(root, strings.Repeat("p", 200), "out")
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_, err := unpackNAR(bytes.NewReader(deep(2000)), dst, sp)
+	var we *WriteError
+	if err == nil || !strings.Contains(err.Error(), "longer than PATH_MAX") || errors.As(err, &we) {
+		t.Fatalf("unpack under a long root: err=%v (WriteError=%v)", err, errors.As(err, &we))
 	}
 }

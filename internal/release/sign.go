@@ -92,8 +92,45 @@ func VerifySignatures(manifest []byte, sigs *Signatures, trusted []*PublicKey, t
 	if sigs == nil || len(sigs.Signatures) == 0 {
 		return fmt.Errorf("%w: %s has no signatures; sign it with `cagectl release create --key`", ErrUnsigned, SignaturesFile)
 	}
-	valid := map[string]bool{}
-	var problems, unknown []string
+	valid, problems, unknown := checkSigs(manifest, sigs, byID)
+	if len(valid) >= threshold {
+		return nil
+	}
+	msg := fmt.Sprintf("release has %d valid signature(s) from trusted keys, threshold is %d", len(valid), threshold)
+	if len(problems) > 0 {
+		msg += "; " + strings.Join(problems, "; ")
+	}
+	if len(unknown) > 0 {
+		slices.Sort(unknown)
+		msg += "; signed by untrusted key(s) " + strings.Join(unknown, ", ")
+	}
+	return errors.New(msg)
+}
+
+// ValidSigners lists the IDs of the keys in trusted whose signature on
+// manifest verifies, sorted. The store records them per accepted
+// generation: its anti-rollback counter counts only what keys still
+// trusted signed.
+func ValidSigners(manifest []byte, sigs *Signatures, trusted []*PublicKey) []string {
+	byID := map[string]*PublicKey{}
+	for _, k := range trusted {
+		byID[k.ID] = k
+	}
+	valid, _, _ := checkSigs(manifest, sigs, byID)
+	ids := make([]string, 0, len(valid))
+	for id := range valid {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// checkSigs verifies each signature by a key of byID; a key counts once.
+func checkSigs(manifest []byte, sigs *Signatures, byID map[string]*PublicKey) (valid map[string]bool, problems, unknown []string) {
+	valid = map[string]bool{}
+	if sigs == nil {
+		return valid, nil, nil
+	}
 	for _, s := range sigs.Signatures {
 		k, ok := byID[s.KeyID]
 		if !ok {
@@ -109,18 +146,7 @@ func VerifySignatures(manifest []byte, sigs *Signatures, trusted []*PublicKey, t
 		}
 		valid[k.ID] = true
 	}
-	if len(valid) >= threshold {
-		return nil
-	}
-	msg := fmt.Sprintf("release has %d valid signature(s) from trusted keys, threshold is %d", len(valid), threshold)
-	if len(problems) > 0 {
-		msg += "; " + strings.Join(problems, "; ")
-	}
-	if len(unknown) > 0 {
-		slices.Sort(unknown)
-		msg += "; signed by untrusted key(s) " + strings.Join(unknown, ", ")
-	}
-	return errors.New(msg)
+	return valid, problems, unknown
 }
 
 func short(id string) string {

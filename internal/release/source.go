@@ -6,13 +6,19 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
 	"path"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"time"
+
+	"github.com/nixcage/nixcage/internal/netclass"
 )
 
 // Source yields the files of a release. Names are relative slash paths
@@ -122,13 +128,104 @@ func (l *limitedReader) Close() error { return l.c.Close() }
 // HTTPSource reads a release from an http(s) base URL. Interrupted bodies
 // are resumed with Range requests from the last byte received.
 type HTTPSource struct {
-	Base    *url.URL
-	Client  *http.Client // nil: http.DefaultClient
-	Retries int          // resume attempts per file; 0 means 5
+	Base *url.URL
+	// Client, when set, is used as is (tests with their own TLS roots);
+	// nil means the guarded client of FetchClient.
+	Client  *http.Client
+	Retries int // resume attempts per file; 0 means 5
 	// IdleTimeout aborts (and then resumes) a response that delivers no
 	// byte for this long, so a stalling server cannot hold an apply
 	// forever; 0 means 60s.
 	IdleTimeout time.Duration
+
+	once    sync.Once
+	guarded *http.Client
+}
+
+// MaxRedirects bounds the redirects one fetch follows.
+const MaxRedirects = 5
+
+// FetchClient is the HTTP client caged and cagectl fetch releases with.
+// caged fetches as root in the host's network namespace, and a mirror is
+// run by whoever publishes, so it must not be able to aim the host's
+// requests anywhere (a blind request forgery against 127.0.0.1, the LAN or
+// a cloud metadata service):
+//
+//   - the configured origin (base's scheme, host and port) is trusted as
+//     the operator named it, whatever it resolves to: a mirror on loopback
+//     or on a private address works when configured so;
+//   - every other host, reached only by a redirect, must be a public
+//     address (internal/netclass): checked on the redirect's URL when it
+//     names an address, and again by the dialer's Control hook on the
+//     address actually connected to, so a name that resolves (or rebinds)
+//     to a non-public address is refused too; public hosts of any name are
+//     allowed (mirrors redirect to CDNs);
+//   - no redirect from https to http, and at most MaxRedirects.
+func FetchClient(base *url.URL) *http.Client {
+	origin := hostPort(base)
+	guard := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second, Control: checkDial}
+	plain := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if addr == origin {
+			return plain.DialContext(ctx, network, addr)
+		}
+		return guard.DialContext(ctx, network, addr)
+	}
+	return &http.Client{Transport: tr, CheckRedirect: func(req *http.Request, via []*http.Request) error {
+		return checkRedirect(origin, req, via)
+	}}
+}
+
+// hostPort is u's host with its scheme's default port made explicit, the
+// form http.Transport dials.
+func hostPort(u *url.URL) string {
+	port := u.Port()
+	if port == "" {
+		port = "80"
+		if u.Scheme == "https" {
+			port = "443"
+		}
+	}
+	return net.JoinHostPort(u.Hostname(), port)
+}
+
+// checkRedirect is FetchClient's redirect policy (see there).
+func checkRedirect(origin string, req *http.Request, via []*http.Request) error {
+	if len(via) >= MaxRedirects {
+		return fmt.Errorf("release fetch: stopped after %d redirects", MaxRedirects)
+	}
+	for _, v := range via {
+		if v.URL.Scheme == "https" && req.URL.Scheme != "https" {
+			return fmt.Errorf("release fetch: redirect from https to %s refused (a downgrade): fix the mirror's redirect", req.URL.Redacted())
+		}
+	}
+	if hostPort(req.URL) == origin {
+		return nil
+	}
+	host := strings.TrimSuffix(strings.ToLower(req.URL.Hostname()), ".")
+	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
+		return fmt.Errorf("release fetch: redirect to %s refused: it leaves the configured mirror for this host's loopback", req.URL.Redacted())
+	}
+	if ip, err := netip.ParseAddr(host); err == nil {
+		if c := netclass.Classify(ip); c != netclass.Public {
+			return fmt.Errorf("release fetch: redirect to %s refused: %s is %s, not a public address, and only the configured mirror may be non-public", req.URL.Redacted(), ip, c)
+		}
+	}
+	return nil
+}
+
+// checkDial is the Control hook for every host but the configured origin:
+// it sees the address the kernel is about to connect to, after DNS.
+func checkDial(network, address string, _ syscall.RawConn) error {
+	ap, err := netip.ParseAddrPort(address)
+	if err != nil {
+		return fmt.Errorf("release fetch: dial address %q: %w", address, err)
+	}
+	if c := netclass.Classify(ap.Addr()); c != netclass.Public {
+		return fmt.Errorf("release fetch: refusing to connect to %s: it is %s, not a public address, and was reached by a redirect away from the configured mirror", ap, c)
+	}
+	return nil
 }
 
 func (h *HTTPSource) String() string { return h.Base.String() }
@@ -165,7 +262,8 @@ func (r *httpReader) client() *http.Client {
 	if r.h.Client != nil {
 		return r.h.Client
 	}
-	return http.DefaultClient
+	r.h.once.Do(func() { r.h.guarded = FetchClient(r.h.Base) })
+	return r.h.guarded
 }
 
 // request (re)opens the body at r.off.

@@ -304,7 +304,7 @@ func (r *Release) Unpack(ctx context.Context, p PathInfo, dst string) (NarStats,
 		return NarStats{}, err
 	}
 	defer rc.Close()
-	st, err := UnpackNAR(ctxReader{ctx, rc}, dst)
+	st, err := unpackNAR(ctxReader{ctx, rc}, dst, p.Path)
 	if errors.Is(err, ErrTooLarge) {
 		return st, refuse("nar of %s is larger than its NarSize %d", p.Path, p.NarSize)
 	}

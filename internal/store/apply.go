@@ -79,7 +79,7 @@ func (s *Store) Apply(ctx context.Context, src release.Source) (*Result, error) 
 	if err := s.recoverLocked(); err != nil {
 		return nil, storageFailure("recover", err)
 	}
-	highest, err := s.Highest()
+	st, err := s.readState()
 	if err != nil {
 		return nil, err
 	}
@@ -99,6 +99,7 @@ func (s *Store) Apply(ctx context.Context, src release.Source) (*Result, error) 
 	if err != nil {
 		return nil, err
 	}
+	st = migrate(st, prev, trust)
 	trust, rotated, err := s.updateTrust(ctx, src, trust)
 	if err != nil {
 		return nil, err
@@ -108,11 +109,22 @@ func (s *Store) Apply(ctx context.Context, src release.Source) (*Result, error) 
 	}
 	rel, err := release.Open(ctx, src, release.Policy{
 		Keys: trust.ReleaseKeys, Threshold: trust.ReleaseThreshold, Channel: s.opts.Channel,
-		After: highest, NixKeys: s.nixKeys, Now: s.opts.Now(),
+		After: s.counter(st, prev, trust), NixKeys: s.nixKeys, Now: s.opts.Now(),
 	})
 	if err != nil {
 		return nil, err
 	}
+	if rel.Manifest.Generation == prev {
+		// Only possible when current is a revoked key's generation (the
+		// counter no longer counts it): replacing generations/N under
+		// current would leave no current generation on a crash.
+		return nil, &release.Refusal{Reason: fmt.Sprintf("generation %d is the number of the current generation, which the trusted key set no longer vouches for; publish a release with a higher generation", prev)}
+	}
+	sigs, err := release.ParseSignatures(rel.RawSig)
+	if err != nil {
+		return nil, &release.Refusal{Reason: err.Error()}
+	}
+	signers := release.ValidSigners(rel.Raw, sigs, trust.ReleaseKeys)
 	if err := rel.CheckCacheInfo(ctx); err != nil {
 		return nil, err
 	}
@@ -206,7 +218,7 @@ func (s *Store) Apply(ctx context.Context, src release.Source) (*Result, error) 
 	crashPoint("switched")
 	// state.json only caches the counter: Highest and recovery derive it
 	// from current too, so failing to write it loses nothing.
-	if err := s.recordHighest(m.Generation); err != nil {
+	if err := s.recordAccepted(st, m.Generation, signers); err != nil {
 		res.Warnings = append(res.Warnings, fmt.Sprintf("generation %d is current, but recording it in %s failed (%v); the next apply, rollback, gc or caged start records it", m.Generation, stateFile, err))
 	}
 	phase("switch")
@@ -225,16 +237,62 @@ func (s *Store) Apply(ctx context.Context, src release.Source) (*Result, error) 
 	return res, nil
 }
 
-// recordHighest raises state.json's counter to n (never lowers it).
+// recordHighest raises state.json's counter to kept generation n (never
+// lowers it) and records the keys trusted now that signed it, so the
+// counter survives current moving below n (rollback) or a crash before
+// Apply recorded it.
 func (s *Store) recordHighest(n uint64) error {
 	st, err := s.readState()
 	if err != nil {
 		return err
 	}
-	if st.Highest >= n {
+	var signers []string
+	if st.SignedBy != nil {
+		if signers, err = s.generationSigners(n); err != nil {
+			return err
+		}
+	}
+	changed := st.Highest < n
+	for _, id := range signers {
+		changed = changed || st.SignedBy[id] < n
+	}
+	if !changed {
 		return nil
 	}
-	st.Highest = n
+	return s.recordAccepted(st, n, signers)
+}
+
+// generationSigners lists the release keys trusted now whose signature on
+// kept generation n verifies.
+func (s *Store) generationSigners(n uint64) ([]string, error) {
+	trust, err := s.Trust()
+	if err != nil {
+		return nil, err
+	}
+	raw, err := os.ReadFile(filepath.Join(s.genPath(n), release.ManifestFile))
+	if err != nil {
+		return nil, err
+	}
+	rawSig, err := os.ReadFile(filepath.Join(s.genPath(n), release.SignaturesFile))
+	if err != nil {
+		return nil, err
+	}
+	sigs, err := release.ParseSignatures(rawSig)
+	if err != nil {
+		return nil, err
+	}
+	return release.ValidSigners(raw, sigs, trust.ReleaseKeys), nil
+}
+
+// recordAccepted records generation n as accepted and signed by signers
+// (key IDs), on top of st (read, and migrated, under the same lock).
+func (s *Store) recordAccepted(st state, n uint64, signers []string) error {
+	st.Highest = max(st.Highest, n)
+	for _, id := range signers {
+		if st.SignedBy != nil {
+			st.SignedBy[id] = max(st.SignedBy[id], n)
+		}
+	}
 	return s.writeState(st)
 }
 
@@ -441,8 +499,9 @@ func (s *Store) writeGeneration(rel *release.Release) error {
 	n := rel.Manifest.Generation
 	final := s.genPath(n)
 	if _, err := os.Lstat(final); err == nil {
-		// Only a leftover can be here (recovery removes generations above
-		// the highest accepted, and n is above it); replace it.
+		// A leftover of an interrupted apply, or a kept generation signed
+		// only by a revoked key (n is above every vouched one, and never
+		// current: Apply refuses that); replace it.
 		if err := s.removeGeneration(n); err != nil {
 			return err
 		}

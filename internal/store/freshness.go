@@ -31,7 +31,11 @@ type Freshness struct {
 	KeySetVersion uint64    `json:"key_set_version,omitempty"`
 	KeySetExpires time.Time `json:"key_set_expires,omitzero"`
 	KeySetState   string    `json:"key_set_state,omitempty"`
-	genState      string
+	// Unvouched is set when the trusted key set does not vouch for the
+	// current generation (its signers were revoked since it was applied):
+	// cages keep running it, but it is what a revoked key shipped.
+	Unvouched string `json:"unvouched,omitempty"`
+	genState  string
 }
 
 // Message is one line for an operator; empty when all is well.
@@ -50,6 +54,9 @@ func (f Freshness) Message() string {
 		msg = append(msg, fmt.Sprintf("key set version %d expired at %s: no release can be accepted until the root keys sign a new one (cagectl key rotate)", f.KeySetVersion, ks))
 	case FreshExpiring:
 		msg = append(msg, fmt.Sprintf("key set version %d expires at %s: have the root keys sign a new one (cagectl key rotate) before then", f.KeySetVersion, ks))
+	}
+	if f.Unvouched != "" {
+		msg = append(msg, fmt.Sprintf("current generation is not vouched for by the trusted key set (version %d): %s; apply a newer release signed by the current release keys", f.KeySetVersion, f.Unvouched))
 	}
 	return strings.Join(msg, "; ")
 }
@@ -83,10 +90,18 @@ func (s *Store) Freshness() (Freshness, error) {
 	}
 	f := Freshness{Generation: cur, Expires: m.Expires, genState: s.freshness(m.Expires)}
 	f.State = f.genState
-	if t, err := s.Trust(); err == nil && !t.Expires.IsZero() {
-		f.KeySetVersion, f.KeySetExpires, f.KeySetState = t.Version, t.Expires, s.freshness(t.Expires)
-		if freshRank[f.KeySetState] > freshRank[f.State] {
-			f.State = f.KeySetState
+	if t, err := s.Trust(); err == nil {
+		f.KeySetVersion = t.Version
+		if !t.Expires.IsZero() {
+			f.KeySetExpires, f.KeySetState = t.Expires, s.freshness(t.Expires)
+			if freshRank[f.KeySetState] > freshRank[f.State] {
+				f.State = f.KeySetState
+			}
+		}
+		if len(t.ReleaseKeys) > 0 {
+			if err := s.vouchedFor(cur, t); err != nil {
+				f.Unvouched = err.Error()
+			}
 		}
 	}
 	return f, nil

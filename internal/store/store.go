@@ -185,15 +185,24 @@ func (s *Store) lock() (func(), error) {
 // state is state.json.
 type state struct {
 	Schema  int       `json:"schema"`
-	Highest uint64    `json:"highest"`
+	Highest uint64    `json:"highest"` // highest generation ever accepted
 	Updated time.Time `json:"updated"`
+	// SignedBy is, per release key ID, the highest accepted generation
+	// that key validly signed. The anti-rollback counter is taken over
+	// the keys trusted now (counter), so a key rotated out takes the
+	// generations it alone signed with it. Nil in a schema 1 state (written
+	// before per-key records): see migrate.
+	SignedBy map[string]uint64 `json:"signed_by,omitempty"`
 }
+
+// stateSchema 2 added SignedBy.
+const stateSchema = 2
 
 func (s *Store) readState() (state, error) {
 	var st state
 	b, err := os.ReadFile(filepath.Join(s.root, stateFile))
 	if errors.Is(err, fs.ErrNotExist) {
-		return state{Schema: 1}, nil
+		return state{Schema: stateSchema, SignedBy: map[string]uint64{}}, nil
 	}
 	if err != nil {
 		return st, fmt.Errorf("read store state: %w", err)
@@ -201,11 +210,54 @@ func (s *Store) readState() (state, error) {
 	if err := json.Unmarshal(b, &st); err != nil {
 		return st, fmt.Errorf("store state %s is corrupt: %w; restore it from the highest generations/N", filepath.Join(s.root, stateFile), err)
 	}
+	if st.Schema >= stateSchema && st.SignedBy == nil {
+		st.SignedBy = map[string]uint64{}
+	}
 	return st, nil
 }
 
+// migrate gives a schema 1 state (one counter, no record of who signed
+// what) per-key records: its counter is attributed to every release key
+// of trust, the key set in force before this apply's rotations, i.e. the
+// keys that accepted those generations. A later rotation that drops them
+// then frees the counter just as it does for a schema 2 state.
+func migrate(st state, cur uint64, trust *release.Trust) state {
+	if st.SignedBy != nil {
+		return st
+	}
+	st.SignedBy = map[string]uint64{}
+	if h := max(st.Highest, cur); h > 0 {
+		for _, k := range trust.ReleaseKeys {
+			st.SignedBy[k.ID] = h
+		}
+	}
+	return st
+}
+
+// counter is the anti-rollback counter under trust: a release must be
+// above it. It is the highest generation that a key trusted now signed
+// (state.json's SignedBy, which outlives pruned generations), the current
+// generation if trust vouches for it, and the key set's GenerationFloor.
+// Generations signed only by revoked keys do not count: otherwise a
+// compromised key's generation 2^64-1 would stay in force after the root
+// revoked it, and no release could ever be newer (TUF's fast-forward
+// attack, recovered in TUF by resetting the counters of rotated roles).
+func (s *Store) counter(st state, cur uint64, trust *release.Trust) uint64 {
+	c := trust.GenerationFloor
+	for _, k := range trust.ReleaseKeys {
+		c = max(c, st.SignedBy[k.ID])
+	}
+	if cur > c && s.vouchedFor(cur, trust) == nil {
+		c = cur
+	}
+	return c
+}
+
 func (s *Store) writeState(st state) error {
-	st.Schema = 1
+	st.Schema = stateSchema
+	if st.SignedBy == nil {
+		st.Schema = 1 // not migrated yet: only Apply knows whose it was
+	}
 	st.Updated = s.opts.Now().UTC()
 	b, err := json.MarshalIndent(st, "", "  ")
 	if err != nil {
@@ -294,7 +346,8 @@ func (s *Store) Generations() ([]Generation, error) {
 	return out, nil
 }
 
-// Highest is the highest generation ever accepted.
+// Highest is the highest generation ever accepted, whoever signed it
+// (Apply compares against counter, which counts only trusted keys).
 func (s *Store) Highest() (uint64, error) {
 	st, err := s.readState()
 	if err != nil {
@@ -368,10 +421,10 @@ func (s *Store) recoverLocked() error {
 	}
 	if cur > st.Highest {
 		s.log.Info("store: recording generation switched before a crash", "generation", cur)
+		// Only a cache (Highest and counter derive it from current too):
+		// a full disk here must not stop the store from working.
 		st.Highest = cur
-		// Only a cache (Highest derives the counter from current too): a
-		// full disk here must not stop the store from working.
-		if err := s.writeState(st); err != nil {
+		if err := s.recordHighest(cur); err != nil {
 			s.log.Warn("store: could not record the current generation", "generation", cur, "err", err)
 		}
 	}
@@ -422,8 +475,17 @@ func (s *Store) pruneLocked() (removedGens []uint64, removedPaths []string, err 
 	if cur != 0 {
 		keep[cur] = true
 	}
+	// Generations above current that the trusted key set does not vouch
+	// for are a revoked key's (a rotation let a lower generation follow
+	// them): dropped, so they take no keep slot and cannot be rolled to.
+	trust, terr := s.Trust()
+	revoked := func(n uint64) bool {
+		return n > cur && cur != 0 && terr == nil && len(trust.ReleaseKeys) > 0 && s.vouchedFor(n, trust) != nil
+	}
 	for i := len(ns) - 1; i >= 0 && len(keep) < s.opts.Keep; i-- {
-		keep[ns[i]] = true
+		if !revoked(ns[i]) {
+			keep[ns[i]] = true
+		}
 	}
 	live := map[string]bool{}
 	for _, n := range ns {

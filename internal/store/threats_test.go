@@ -114,6 +114,27 @@ func narDirWithFile(name, content string) []byte {
 	return b.Bytes()
 }
 
+// narDeep is a NAR of directories named "d" nested depth deep: its paths
+// grow past PATH_MAX, which no file system call can name.
+func narDeep(depth int) []byte {
+	var b bytes.Buffer
+	narStr(&b, "nix-archive-1")
+	for _, s := range []string{"(", "type", "directory"} {
+		narStr(&b, s)
+	}
+	for i := 0; i < depth; i++ {
+		for _, s := range []string{"entry", "(", "name", "d", "node", "(", "type", "directory"} {
+			narStr(&b, s)
+		}
+	}
+	for i := 0; i < depth; i++ {
+		narStr(&b, ")")
+		narStr(&b, ")")
+	}
+	narStr(&b, ")")
+	return b.Bytes()
+}
+
 // craftedRelease writes a one-path release whose NAR is narBytes, with a
 // narinfo and a signed manifest that agree with it: everything is valid
 // except what the NAR itself does.
@@ -214,6 +235,13 @@ func TestSignedUpgradeThreats(t *testing.T) {
 				// The counter survives even without the generation: state.json says 5.
 				return f.release(t, f.relB, nil, func(m *release.Manifest) { m.Generation = 1 })
 			}},
+		// A state.json written before per-key records (schema 1): its
+		// counter is attributed to the keys trusted now, so it still holds.
+		{name: "OlderGenerationLegacyState", want: "generation 1 is not newer than the accepted generation 5 (rollback protection)",
+			opts: func(o *Options) {},
+			release: func(t *testing.T) string {
+				return f.release(t, f.relB, nil, func(m *release.Manifest) { m.Generation = 1 })
+			}},
 		{name: "ExpiredManifest", want: "expired at",
 			release: func(t *testing.T) string {
 				return f.release(t, f.relB, nil, func(m *release.Manifest) {
@@ -290,6 +318,13 @@ func TestSignedUpgradeThreats(t *testing.T) {
 			release: func(t *testing.T) string {
 				return craftedRelease(t, f, 2, narDirWithFile("../../../etc/x", "pwned\n"))
 			}},
+		// Red team: a signed release whose paths no system call can name
+		// was reported as this machine's I/O failure (exit 5, "write to
+		// the store's file system: file name too long").
+		{name: "NarPathLongerThanPathMax", want: "longer than PATH_MAX",
+			release: func(t *testing.T) string {
+				return craftedRelease(t, f, 2, narDeep(2100))
+			}},
 		{name: "NarinfoWithoutTrustedNixSig", want: "has no valid Sig: by a trusted Nix key",
 			opts: func(o *Options) {
 				o.NixPublicKeys = []string{"cache.example.org-1:" + "6NCHdD59X431o0gWypbMrAURkbJ16ZPMQFGspcDShjY="}
@@ -304,10 +339,17 @@ func TestSignedUpgradeThreats(t *testing.T) {
 				t.Fatal(err)
 			}
 			s := f.open(t, root, tc.opts)
-			if tc.name == "OlderGeneration" {
+			switch tc.name {
+			case "OlderGeneration":
+				// Generation 5, signed by the trusted key, was pruned.
 				st, _ := s.readState()
 				st.Highest = 5
+				for _, k := range s.keys {
+					st.SignedBy[k.ID] = 5
+				}
 				must(t, s.writeState(st))
+			case "OlderGenerationLegacyState":
+				must(t, os.WriteFile(filepath.Join(root, stateFile), []byte(`{"schema": 1, "highest": 5, "updated": "2026-01-01T00:00:00Z"}`+"\n"), 0o644))
 			}
 			before := snapshot(t, root)
 			dir := tc.release(t)

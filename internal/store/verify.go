@@ -83,7 +83,11 @@ func (s *Store) Verify(ctx context.Context, all bool) (*VerifyReport, error) {
 		}
 		if trust != nil {
 			if err := s.vouchedFor(n, trust); err != nil {
-				rep.Problems = append(rep.Problems, Problem{Generation: n, Reason: err.Error()})
+				reason := err.Error()
+				if n == cur {
+					reason = fmt.Sprintf("current generation is not vouched for by the trusted key set (version %d): %v; apply a newer release signed by the current release keys", trust.Version, err)
+				}
+				rep.Problems = append(rep.Problems, Problem{Generation: n, Reason: reason})
 			}
 		}
 		if reason := s.verifyTop(n, m); reason != "" {

@@ -100,6 +100,9 @@ func (l *Logger) Log(r Record) error {
 			*p = []string{}
 		}
 	}
+	// Host, path and reason are the agent's words: each field is cut to
+	// its bound here, so no record is larger than auditlog.MaxRecordBytes.
+	r.Bound()
 	if l.Hook != nil {
 		l.Hook(r)
 	}

@@ -125,3 +125,7 @@ evidence {
   max_entries  = 5000
   max_duration = "90s"
 }
+
+metrics {
+  listen = "127.0.0.1:9478"
+}

@@ -85,5 +85,7 @@
       maxEntries = 5000;
       maxDuration = "90s";
     };
+
+    metrics.listen = "127.0.0.1:9478";
   };
 }

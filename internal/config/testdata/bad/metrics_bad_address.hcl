@@ -1,0 +1,4 @@
+# want: 3:12 Invalid metrics address
+metrics {
+  listen = "localhost"
+}

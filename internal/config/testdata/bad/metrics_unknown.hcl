@@ -1,0 +1,4 @@
+# want: 3:3 Unsupported argument
+metrics {
+  port = 9477
+}

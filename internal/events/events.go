@@ -1,0 +1,146 @@
+// Package events writes caged's events to the systemd journal as structured
+// entries, one fixed MESSAGE_ID per kind, so journald-based log shippers
+// (journalbeat, Vector, Fluent Bit, promtail, systemd-journal-upload) can
+// select and parse them with no nixcage code on the collector side. The
+// table below is the one source of those ids; docs/fleet.md lists it and a
+// test keeps the two in step.
+package events
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/coreos/go-systemd/v22/journal"
+
+	"github.com/nixcage/nixcage/internal/bus"
+)
+
+// Kind is one kind of event.
+type Kind struct {
+	// Name is the value of the NIXCAGE_EVENT field.
+	Name string
+	// ID is the journal MESSAGE_ID: 128 bits, generated once, never changed
+	// (a shipper's filter depends on it).
+	ID string
+	// Signal is the bus signal the event mirrors ("" for none).
+	Signal string
+	// Fields name the signal's arguments, in order, as journal fields.
+	Fields   []string
+	Priority journal.Priority
+	// Message renders MESSAGE from the fields.
+	Message func(f map[string]string) string
+}
+
+// The kinds. Ids were made with uuid4 once; never reuse or change one.
+var (
+	AgentStateChanged = Kind{Name: "agent-state", ID: "18756bec5f8e43699219104c1a816ce0", Signal: bus.SignalAgentStateChanged,
+		Fields: []string{"NIXCAGE_AGENT", "NIXCAGE_ACTIVE_STATE", "NIXCAGE_SUB_STATE"}, Priority: journal.PriInfo,
+		Message: func(f map[string]string) string {
+			return fmt.Sprintf("agent %s is %s (%s)", f["NIXCAGE_AGENT"], f["NIXCAGE_ACTIVE_STATE"], f["NIXCAGE_SUB_STATE"])
+		}}
+	ReleaseApplied = Kind{Name: "release-applied", ID: "00073163b18b4eaab074c3c47bc3d4d7", Signal: bus.SignalReleaseApplied,
+		Fields: []string{"NIXCAGE_GENERATION", "NIXCAGE_PREVIOUS_GENERATION", "NIXCAGE_BY"}, Priority: journal.PriNotice,
+		Message: func(f map[string]string) string {
+			return fmt.Sprintf("store generation %s is current (was %s), by %s", f["NIXCAGE_GENERATION"], f["NIXCAGE_PREVIOUS_GENERATION"], f["NIXCAGE_BY"])
+		}}
+	ReleaseRefused = Kind{Name: "release-refused", ID: "bf6244cf6d00442ca0019db88f963f9b",
+		Fields: []string{"NIXCAGE_OP", "NIXCAGE_SOURCE", "NIXCAGE_BY", "NIXCAGE_REASON"}, Priority: journal.PriErr,
+		Message: func(f map[string]string) string {
+			return fmt.Sprintf("release refused (%s %s, by %s): %s", f["NIXCAGE_OP"], f["NIXCAGE_SOURCE"], f["NIXCAGE_BY"], f["NIXCAGE_REASON"])
+		}}
+	AgentQuarantined = Kind{Name: "agent-quarantined", ID: "d11e6dedbe194fc3bff3e2a469754401", Signal: bus.SignalAgentQuarantined,
+		Fields: []string{"NIXCAGE_AGENT", "NIXCAGE_REASON", "NIXCAGE_EVIDENCE", "NIXCAGE_BY"}, Priority: journal.PriWarning,
+		Message: func(f map[string]string) string {
+			return fmt.Sprintf("agent %s quarantined by %s: %s (evidence %s)", f["NIXCAGE_AGENT"], f["NIXCAGE_BY"], f["NIXCAGE_REASON"], f["NIXCAGE_EVIDENCE"])
+		}}
+	AgentReleased = Kind{Name: "agent-released", ID: "fbd147f9bf454585b2e5c98393bda7d7", Signal: bus.SignalAgentReleased,
+		Fields: []string{"NIXCAGE_AGENT", "NIXCAGE_BY"}, Priority: journal.PriNotice,
+		Message: func(f map[string]string) string {
+			return fmt.Sprintf("agent %s released from quarantine by %s", f["NIXCAGE_AGENT"], f["NIXCAGE_BY"])
+		}}
+	AgentKilled = Kind{Name: "agent-killed", ID: "d721aaf189c44784afba99afe7c3ad13", Signal: bus.SignalAgentKilled,
+		Fields: []string{"NIXCAGE_AGENT", "NIXCAGE_BY"}, Priority: journal.PriWarning,
+		Message: func(f map[string]string) string {
+			return fmt.Sprintf("agent %s killed by %s", f["NIXCAGE_AGENT"], f["NIXCAGE_BY"])
+		}}
+	EgressFailed = Kind{Name: "egress-failed", ID: "291839dbbbae4ed5a7a0fa24ab03a950", Signal: bus.SignalEgressFailed,
+		Fields: []string{"NIXCAGE_AGENT", "NIXCAGE_REASON", "NIXCAGE_RECOVER"}, Priority: journal.PriErr,
+		Message: func(f map[string]string) string {
+			return fmt.Sprintf("agent %s has no network: %s; recover with %s", f["NIXCAGE_AGENT"], f["NIXCAGE_REASON"], f["NIXCAGE_RECOVER"])
+		}}
+	RunStarted = Kind{Name: "run-started", ID: "32971e7823bf4601b0b28630d4a7b41a", Signal: bus.SignalRunStarted,
+		Fields: []string{"NIXCAGE_AGENT", "NIXCAGE_BACKEND", "NIXCAGE_BY"}, Priority: journal.PriInfo,
+		Message: func(f map[string]string) string {
+			return fmt.Sprintf("throw-away cage %s started (%s) by %s", f["NIXCAGE_AGENT"], f["NIXCAGE_BACKEND"], f["NIXCAGE_BY"])
+		}}
+	RunFinished = Kind{Name: "run-finished", ID: "89e99b72c21d49c48e97966d9e3d2625", Signal: bus.SignalRunFinished,
+		Fields: []string{"NIXCAGE_AGENT", "NIXCAGE_EXIT_STATUS", "NIXCAGE_SUMMARY"}, Priority: journal.PriInfo,
+		Message: func(f map[string]string) string {
+			return fmt.Sprintf("throw-away cage %s finished with exit status %s", f["NIXCAGE_AGENT"], f["NIXCAGE_EXIT_STATUS"])
+		}}
+	Reconciled = Kind{Name: "reconciled", ID: "04bff51dea2f4fe6b77ab30df1d0ecda", Signal: bus.SignalReconciled,
+		Fields: []string{"NIXCAGE_ERROR"}, Priority: journal.PriInfo,
+		Message: func(f map[string]string) string {
+			if e := f["NIXCAGE_ERROR"]; e != "" {
+				return "reconcile failed: " + e
+			}
+			return "configuration reconciled"
+		}}
+)
+
+// Kinds is every kind, in the order docs/fleet.md lists them.
+var Kinds = []Kind{AgentStateChanged, ReleaseApplied, ReleaseRefused, AgentQuarantined, AgentReleased, AgentKilled, EgressFailed, RunStarted, RunFinished, Reconciled}
+
+// Identifier is SYSLOG_IDENTIFIER of every event.
+const Identifier = "caged"
+
+// ForSignal is the kind mirroring a bus signal, if any. Egress decisions
+// have none on purpose: the gateway's audit log is their record, and one
+// journal entry per request would let a cage flood the journal.
+func ForSignal(signal string) (Kind, bool) {
+	for _, k := range Kinds {
+		if k.Signal != "" && k.Signal == signal {
+			return k, true
+		}
+	}
+	return Kind{}, false
+}
+
+// Fields pairs k's field names with args (a signal's arguments).
+func (k Kind) FieldsOf(args ...any) map[string]string {
+	f := make(map[string]string, len(k.Fields))
+	for i, name := range k.Fields {
+		if i < len(args) {
+			f[name] = fmt.Sprint(args[i])
+		}
+	}
+	return f
+}
+
+// Entry is the journal entry of an event: MESSAGE, PRIORITY and the fields.
+func (k Kind) Entry(f map[string]string) (string, journal.Priority, map[string]string) {
+	vars := make(map[string]string, len(f)+3)
+	for n, v := range f {
+		vars[n] = v
+	}
+	vars["MESSAGE_ID"] = k.ID
+	vars["NIXCAGE_EVENT"] = k.Name
+	vars["SYSLOG_IDENTIFIER"] = Identifier
+	// MESSAGE is one line whatever an agent put into a reason.
+	msg := strings.NewReplacer("\n", `\n`, "\r", `\r`).Replace(k.Message(f))
+	return msg, k.Priority, vars
+}
+
+// Send writes the event to the journal. Without a journal (not under
+// systemd: tests, a foreground caged) it does nothing: the bus signal and
+// caged's log line still carry the event.
+func Send(k Kind, f map[string]string) error {
+	if !journal.Enabled() {
+		return nil
+	}
+	msg, pri, vars := k.Entry(f)
+	if err := journal.Send(msg, pri, vars); err != nil {
+		return fmt.Errorf("journal event %s: %w", k.Name, err)
+	}
+	return nil
+}
