@@ -84,13 +84,7 @@ func TestHarnessCLIs(t *testing.T) {
 	testenv.RequireSystem(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	tools, err := systest.HarnessTools(ctx)
-	if errors.Is(err, systest.ErrNoHarnessCLIs) {
-		t.Skipf("real harness CLIs not available: %v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	tools := harnessToolsT(t, ctx)
 	bins := systest.Binaries{
 		"cagectl":     systest.BuildT(t, "./cmd/cagectl"),
 		"cage-egress": systest.BuildT(t, "./cmd/cage-egress"),
@@ -120,6 +114,20 @@ func TestHarnessCLIs(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.agent, func(t *testing.T) { env.runHarness(t, ctx, c) })
 	}
+}
+
+// harnessToolsT returns the cached real CLIs, or skips naming what is
+// missing.
+func harnessToolsT(t *testing.T, ctx context.Context) string {
+	t.Helper()
+	tools, err := systest.HarnessTools(ctx)
+	if errors.Is(err, systest.ErrNoHarnessCLIs) {
+		t.Skipf("real harness CLIs not available: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tools
 }
 
 // installTools lays the CLIs out as a tools store with one generation, the
