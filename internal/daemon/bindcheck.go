@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"syscall"
+	"time"
 
 	sysunix "golang.org/x/sys/unix"
 
@@ -43,11 +44,21 @@ func pinProcess(pid int) (*pinnedProcess, error) {
 
 func (p *pinnedProcess) Close() error { return sysunix.Close(p.fd) }
 
-// exited: a pidfd polls readable once its process has terminated.
-func (p *pinnedProcess) exited() bool {
+// exitGrace is how long a look that failed waits for the process to
+// finish exiting. The kernel drops a task's root (exit_fs) before the
+// pidfd reports the exit (exit_notify), so a look can fail in that window
+// while the pidfd still says "alive" (seen in CI's TestRunOnSystemd:
+// "stat /proc/PID/root/workspace: no such file or directory" for a `cat`
+// that had already printed). A process that really lives with the bind
+// missing is still refused, one grace period later.
+const exitGrace = time.Second
+
+// exited: a pidfd polls readable once its process has terminated; it
+// waits up to wait for that.
+func (p *pinnedProcess) exited(wait time.Duration) bool {
 	fds := []sysunix.PollFd{{Fd: int32(p.fd), Events: sysunix.POLLIN}}
 	for {
-		n, err := sysunix.Poll(fds, 0)
+		n, err := sysunix.Poll(fds, int(wait.Milliseconds()))
 		if errors.Is(err, sysunix.EINTR) {
 			continue
 		}
@@ -69,7 +80,7 @@ func checkBindsOf(p *pinnedProcess, binds []verifiedBind, backend string, unveri
 		case err == nil:
 		case errors.Is(err, errReplaced):
 			return err // seen, and wrong: whether it has exited since or not
-		case p.exited():
+		case p.exited(exitGrace):
 			return nil // gone: nothing left to look at, or to see
 		case errors.Is(err, os.ErrPermission):
 			unverifiable(b, err)
