@@ -295,10 +295,23 @@ func TestUnreadableEntryIsRecorded(t *testing.T) {
 			os.Args[0], "-test.run=^TestUnreadableEntryIsRecorded$", "-test.v", "-test.count=1")
 		cmd.Env = append(os.Environ(), "NIXCAGE_TEST_NO_DAC=1")
 		out, err := cmd.CombinedOutput()
+		if err == nil && strings.Contains(string(out), "--- SKIP: TestUnreadableEntryIsRecorded") {
+			testenv.MachineLacks(t, "a way to make files unreadable to root", "dropping CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH from the bounding set left a mode-000 file readable (seen nested in checks/fresh.sh's container); run on a host")
+		}
 		if err != nil || !strings.Contains(string(out), "--- PASS: TestUnreadableEntryIsRecorded") {
 			t.Fatalf("without CAP_DAC_OVERRIDE: %v\n%s", err, out)
 		}
 		return
+	}
+	if os.Geteuid() == 0 {
+		// The child without CAP_DAC_OVERRIDE: first make sure this machine
+		// really refuses it a mode-000 file, or the test proves nothing.
+		probe := filepath.Join(t.TempDir(), "probe")
+		must(t, os.WriteFile(probe, nil, 0o000))
+		if f, err := os.Open(probe); err == nil {
+			f.Close()
+			t.Skip("a mode-000 file is still readable without CAP_DAC_OVERRIDE")
+		}
 	}
 	f := setup(t, false)
 	ws := filepath.Join(f.root, f.agent.Workspace)
