@@ -81,12 +81,33 @@ func (g *Gateway) refuseConn(c net.Conn, n int64, limit int) {
 		defer c.Close()
 		body := fmt.Sprintf(refuseBody, n, limit)
 		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+		// Answer a request, not the connection: a 503 written before the
+		// client has sent its request head is an "unsolicited response" to
+		// an HTTP client (Go's transport drops it and fails the request;
+		// seen as a flake in checks/fresh.sh). Wait for the head, bounded in
+		// bytes and by the deadline above; a client that sends none gets
+		// the 503 when the wait ends.
+		readHead(c, 8<<10)
 		fmt.Fprintf(c, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nX-Nixcage-Egress: blocked\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 		// Read what the client sent before closing, so the kernel does not
 		// answer it with a reset that discards the 503.
 		closeWrite(c)
 		_, _ = io.Copy(io.Discard, io.LimitReader(c, 64<<10))
 	}()
+}
+
+// readHead reads from c until the end of an HTTP request head (a blank
+// line) or max bytes, whichever comes first, or until c's deadline.
+func readHead(c net.Conn, max int) {
+	buf := make([]byte, 0, 1024)
+	tmp := make([]byte, 1024)
+	for len(buf) < max {
+		n, err := c.Read(tmp)
+		buf = append(buf, tmp[:n]...)
+		if bytes.Contains(buf, []byte("\r\n\r\n")) || err != nil {
+			return
+		}
+	}
 }
 
 // auditConn tracks whether a handler ever saw a request on the connection.
