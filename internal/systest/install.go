@@ -3,6 +3,7 @@ package systest
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -128,3 +129,30 @@ func DNSSocket(agent string) string { return paths.Instance(paths.DNSSocketTpl, 
 
 // AuditLog is the gateway's JSONL audit file for an agent.
 func AuditLog(agent string) string { return filepath.Join(paths.AuditDir(agent), "audit.jsonl") }
+
+// BootInstalled is what a benchmark's machine needs: it builds each of
+// pkgs (name -> Go package) into dir beside the prebuilt bins, writes
+// config there, boots tree with its console in dir, and installs nixcage
+// from that config. The caller closes the machine.
+func BootInstalled(ctx context.Context, tree, dir string, bins Binaries, pkgs map[string]string, config string, log io.Writer) (*Machine, error) {
+	for name, pkg := range pkgs {
+		p, err := Build(ctx, pkg, dir)
+		if err != nil {
+			return nil, err
+		}
+		bins[name] = p
+	}
+	cfg := filepath.Join(dir, "bench.hcl")
+	if err := os.WriteFile(cfg, []byte(config), 0o644); err != nil {
+		return nil, err
+	}
+	m, err := Boot(ctx, Options{Root: tree, Console: filepath.Join(dir, "console.log"), Log: log})
+	if err != nil {
+		return nil, err
+	}
+	if err := InstallNixcage(ctx, m, bins, cfg, nil); err != nil {
+		m.Close()
+		return nil, err
+	}
+	return m, nil
+}

@@ -25,7 +25,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -82,25 +81,11 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 	} else {
 		bins["cage-egress"] = *egressBin
 	}
-	for name, pkg := range pkgs {
-		p, err := systest.Build(ctx, pkg, dir)
-		if err != nil {
-			return err
-		}
-		bins[name] = p
-	}
-	cfg := filepath.Join(dir, "bench.hcl")
-	if err := os.WriteFile(cfg, []byte(config), 0o644); err != nil {
-		return err
-	}
-	m, err := systest.Boot(ctx, systest.Options{Root: tree, Console: filepath.Join(dir, "console.log"), Log: out})
+	m, err := systest.BootInstalled(ctx, tree, dir, bins, pkgs, config, out)
 	if err != nil {
 		return err
 	}
 	defer m.Close()
-	if err := systest.InstallNixcage(ctx, m, bins, cfg, nil); err != nil {
-		return err
-	}
 
 	// The baseline is a plain unit started the same way as the agents.
 	if err := m.WriteFile("/etc/systemd/system/bench-base.service", []byte(baseUnit), 0o644); err != nil {

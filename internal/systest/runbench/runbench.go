@@ -58,26 +58,12 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	bins := systest.Binaries{}
-	for name, pkg := range map[string]string{"cagectl": "./cmd/cagectl", "caged": "./cmd/caged", "cage-egress": "./cmd/cage-egress"} {
-		p, err := systest.Build(ctx, pkg, dir)
-		if err != nil {
-			return err
-		}
-		bins[name] = p
-	}
-	cfg := filepath.Join(dir, "bench.hcl")
-	if err := os.WriteFile(cfg, []byte(config), 0o644); err != nil {
-		return err
-	}
-	m, err := systest.Boot(ctx, systest.Options{Root: tree, Console: filepath.Join(dir, "console.log"), Log: out})
+	m, err := systest.BootInstalled(ctx, tree, dir, systest.Binaries{},
+		map[string]string{"cagectl": "./cmd/cagectl", "caged": "./cmd/caged", "cage-egress": "./cmd/cage-egress"}, config, out)
 	if err != nil {
 		return err
 	}
 	defer m.Close()
-	if err := systest.InstallNixcage(ctx, m, bins, cfg, nil); err != nil {
-		return err
-	}
 	if _, err := m.Shell(ctx, "systemctl reload dbus && systemctl start nixcage-caged.service"); err != nil {
 		return err
 	}
