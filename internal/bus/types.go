@@ -21,6 +21,7 @@ import (
 	"github.com/godbus/dbus/v5"
 
 	"github.com/nixcage/nixcage/internal/paths"
+	"github.com/nixcage/nixcage/internal/policy"
 )
 
 // Names on the bus.
@@ -102,6 +103,9 @@ type Status struct {
 	ReconciledUnix   int64         `json:"reconciled_unix"`
 	ReconcileError   string        `json:"reconcile_error,omitempty"`
 	Agents           []AgentStatus `json:"agents"`
+	// Bans are the host names signed control commands banned on this host
+	// (docs/fleet.md), in force in every affected gateway.
+	Bans []policy.Ban `json:"bans"`
 }
 
 // Generation is one kept store generation.

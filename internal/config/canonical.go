@@ -118,6 +118,16 @@ func Canonical(cfg *Config) ([]byte, error) {
 	if cfg.Metrics != nil {
 		doc["metrics"] = map[string]any{"listen": cfg.Metrics.Listen}
 	}
+	if c := cfg.Control; c != nil {
+		m := map[string]any{"keys": c.Keys, "threshold": c.Threshold}
+		if c.HostID != "" {
+			m["host_id"] = c.HostID
+		}
+		if c.AckURL != "" {
+			m["ack_url"] = c.AckURL
+		}
+		doc["control"] = m
+	}
 	b, err := json.MarshalIndent(doc, "", "  ")
 	if err != nil {
 		return nil, err

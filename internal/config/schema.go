@@ -16,6 +16,16 @@ type fileV1 struct {
 	Store    []storeV1     `hcl:"store,block"`
 	Evidence []evidenceV1  `hcl:"evidence,block"`
 	Metrics  []metricsV1   `hcl:"metrics,block"`
+	Control  []controlV1   `hcl:"control,block"`
+}
+
+// controlV1 configures signed control commands (docs/fleet.md).
+type controlV1 struct {
+	Body      hcl.Body `hcl:",body"`
+	HostID    *string  `hcl:"host_id,optional"`
+	Keys      []string `hcl:"keys"`
+	Threshold *int     `hcl:"threshold,optional"`
+	AckURL    *string  `hcl:"ack_url,optional"`
 }
 
 // metricsV1 turns on caged's Prometheus endpoint.

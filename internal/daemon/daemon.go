@@ -122,6 +122,7 @@ type Daemon struct {
 	runs           map[string]*run // throw-away cages by name
 	consoles       map[string]*console
 	slicesOnce     sync.Once
+	ctl            controlState // signed control commands (control.go)
 }
 
 // Serve runs caged with o until ctx ends.

@@ -16,9 +16,9 @@ import (
 // send.
 const grantsPoll = 250 * time.Millisecond
 
-// decide is the policy decision with the grants in force now.
+// decide is the policy decision with the bans and grants in force now.
 func (g *Gateway) decide(st *state, host string, port int, method string) policy.Decision {
-	return st.pol.DecideWithGrants(*g.grants.Load(), time.Now(), host, port, method)
+	return st.pol.DecideWithBans(g.Bans(), *g.grants.Load(), time.Now(), host, port, method)
 }
 
 // SetGrants replaces the grants in force. Open tunnels are not touched: a
@@ -69,6 +69,12 @@ func (g *Gateway) watchGrants(ctx context.Context, path string) {
 		g.SetGrants(doc.Grants)
 		g.log.Info("grants loaded", "file", path, "grants", len(doc.Grants))
 	}
+	watchFile(ctx, path, load)
+}
+
+// watchFile calls load now and whenever path changes (polled every
+// grantsPoll), until ctx ends.
+func watchFile(ctx context.Context, path string, load func()) {
 	last := stamp(path)
 	load()
 	t := time.NewTicker(grantsPoll)

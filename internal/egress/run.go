@@ -173,6 +173,11 @@ func runServe(ctx context.Context, args []string, stdio Stdio) error {
 		defer stopGrants()
 		go g.watchGrants(gctx, rt.GrantsFile)
 	}
+	if rt.BansFile != "" {
+		bctx, stopBans := context.WithCancel(ctx)
+		defer stopBans()
+		go g.watchBans(bctx, rt.BansFile)
+	}
 	ls, err := listeners(f)
 	if err != nil {
 		return err
@@ -250,7 +255,7 @@ func reload(g *Gateway, path string) error {
 
 func (g *Gateway) dnsConfig() dnsfilter.Config {
 	st := g.st.Load()
-	return dnsfilter.Config{Policy: st.pol, Guard: st.guard, Grants: *g.grants.Load()}
+	return dnsfilter.Config{Policy: st.pol, Guard: st.guard, Grants: *g.grants.Load(), Bans: g.Bans()}
 }
 
 // loadCA finds the CA key: the LoadCredential= copy first, then CADir. With

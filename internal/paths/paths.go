@@ -126,6 +126,15 @@ func Runtime(agent string) string { return filepath.Join(RuntimeRoot, "cage", ag
 // read by its gateway, in the runtime directory only root can write.
 func GrantsFile(agent string) string { return filepath.Join(Runtime(agent), "grants.json") }
 
+// ControlDir holds caged's control-command state (docs/fleet.md): the
+// replay cache and the acknowledgements (0700, root only).
+const ControlDir = "/var/lib/nixcage/control"
+
+// BansFile holds the host names banned by signed control commands: written
+// by caged (root, 0644), read by every gateway. Host-wide and persistent,
+// so a ban outlives reboots and reaches agents declared after it.
+const BansFile = "/var/lib/nixcage/bans.json"
+
 // ConsoleLink is where caged links the terminal it holds for an
 // interactive agent (a /dev/pts/N it made); the agent unit's TTYPath=.
 func ConsoleLink(agent string) string { return filepath.Join(RuntimeRoot, "console", agent) }

@@ -100,24 +100,31 @@ var ErrUntrustedGrants = errors.New("grants file is not a root-owned regular fil
 // writable by group or others, in a directory with the same properties:
 // nothing the cage or the gateway's own dynamic user can write is trusted.
 func LoadGrants(path, agent string) (*GrantsDoc, error) {
+	data, err := readRootFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return &GrantsDoc{Schema: GrantsSchema, Agent: agent}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("grants: %w", err)
+	}
+	return ParseGrants(data, agent)
+}
+
+// readRootFile reads path if it is a regular file (not a link) owned by
+// root and not writable by group or others, in a directory with the same
+// properties (ErrUntrustedGrants otherwise; os.ErrNotExist when missing).
+func readRootFile(path string) ([]byte, error) {
 	for _, p := range []string{dirOf(path), path} {
 		st, err := os.Lstat(p)
 		if err != nil {
-			if errors.Is(err, os.ErrNotExist) {
-				return &GrantsDoc{Schema: GrantsSchema, Agent: agent}, nil
-			}
-			return nil, fmt.Errorf("grants: %w", err)
+			return nil, err
 		}
 		sys, ok := st.Sys().(*syscall.Stat_t)
 		if !ok || sys.Uid != 0 || st.Mode().Perm()&0o022 != 0 || (p == path && !st.Mode().IsRegular()) || (p != path && !st.IsDir()) {
 			return nil, fmt.Errorf("%s: %w", p, ErrUntrustedGrants)
 		}
 	}
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("grants: %w", err)
-	}
-	return ParseGrants(data, agent)
+	return os.ReadFile(path)
 }
 
 func dirOf(p string) string {

@@ -87,5 +87,11 @@
     };
 
     metrics.listen = "127.0.0.1:9478";
+    control = {
+      hostId = "web-01";
+      keys = [ "/etc/nixcage/control/ops.pub" "/etc/nixcage/control/sec.pub" ];
+      threshold = 2;
+      ackUrl = "https://acks.example.com/fleet/";
+    };
   };
 }
