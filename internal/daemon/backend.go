@@ -407,6 +407,9 @@ func (d *Daemon) Apply(ctx context.Context, source, by string) (*bus.ApplyResult
 			f(bus.ApplyProgress{Phase: p.Phase, Done: uint64(p.Done), Total: uint64(p.Total), Bytes: p.Bytes, TotalBytes: p.TotalBytes})
 		}
 	}
+	if d.config().Store == nil {
+		return nil, errNoStore
+	}
 	src, err := release.NewSource(source)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", bus.ErrInvalid, err)
