@@ -70,6 +70,10 @@ let
       host_id = c.hostId;
       ack_url = c.ackUrl;
     }) cfg.control;
+    channel = lib.mapNullable (c: clean {
+      inherit (c) url interval;
+      ca_file = c.caFile;
+    }) cfg.channel;
   };
 in
 {

@@ -107,7 +107,7 @@ func (c *Client) Status(ctx context.Context) (*Status, error) {
 // slower for a thousand agents. Any mismatch falls back to dbus.Store.
 func decodeStatus(v any) (*Status, bool) {
 	f, ok := v.([]any)
-	if !ok || len(f) != 13 {
+	if !ok || len(f) != 14 {
 		return nil, false
 	}
 	st := &Status{}
@@ -142,6 +142,25 @@ func decodeStatus(v any) (*Status, bool) {
 			agents = append(agents, a)
 		}
 	}
+	cp, ok := f[12].([]any)
+	if !ok || len(cp) != 8 {
+		return nil, false
+	}
+	var okc [8]bool
+	c := &st.ChannelPoll
+	c.URL, okc[0] = cp[0].(string)
+	c.LastPollUnix, okc[1] = cp[1].(int64)
+	c.LastSuccessUnix, okc[2] = cp[2].(int64)
+	c.NextPollUnix, okc[3] = cp[3].(int64)
+	c.Published, okc[4] = cp[4].(uint64)
+	c.Lag, okc[5] = cp[5].(int64)
+	c.LastError, okc[6] = cp[6].(string)
+	c.Failures, okc[7] = cp[7].(uint32)
+	for _, b := range okc {
+		if !b {
+			return nil, false
+		}
+	}
 	st.Agents = make([]AgentStatus, len(agents))
 	for i, a := range agents {
 		if len(a) != 15 {
@@ -171,7 +190,7 @@ func decodeStatus(v any) (*Status, bool) {
 		}
 	}
 	// Bans are few: the generic path is fast enough for them.
-	if err := dbus.Store([]any{f[12]}, &st.Bans); err != nil {
+	if err := dbus.Store([]any{f[13]}, &st.Bans); err != nil {
 		return nil, false
 	}
 	return st, true

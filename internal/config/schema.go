@@ -17,6 +17,7 @@ type fileV1 struct {
 	Evidence []evidenceV1  `hcl:"evidence,block"`
 	Metrics  []metricsV1   `hcl:"metrics,block"`
 	Control  []controlV1   `hcl:"control,block"`
+	Channel  []channelV1   `hcl:"channel,block"`
 }
 
 // controlV1 configures signed control commands (docs/fleet.md).
@@ -26,6 +27,14 @@ type controlV1 struct {
 	Keys      []string `hcl:"keys"`
 	Threshold *int     `hcl:"threshold,optional"`
 	AckURL    *string  `hcl:"ack_url,optional"`
+}
+
+// channelV1 makes caged poll a release channel (docs/fleet.md).
+type channelV1 struct {
+	Body     hcl.Body `hcl:",body"`
+	URL      string   `hcl:"url"`
+	Interval *string  `hcl:"interval,optional"`
+	CAFile   *string  `hcl:"ca_file,optional"`
 }
 
 // metricsV1 turns on caged's Prometheus endpoint.

@@ -36,7 +36,8 @@ type Ack struct {
 	Nonce  string `json:"nonce,omitempty"`
 	// Source is "file" (cagectl control apply) or "channel".
 	Source string `json:"source"`
-	// By is who handed the command in (the bus caller), "" for a channel.
+	// By is who handed the command in: the bus caller, or for a channel
+	// the feed entry ("controls/NAME").
 	By string `json:"by,omitempty"`
 }
 

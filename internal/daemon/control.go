@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nixcage/nixcage/internal/bus"
+	"github.com/nixcage/nixcage/internal/channel"
 	"github.com/nixcage/nixcage/internal/config"
 	"github.com/nixcage/nixcage/internal/control"
 	"github.com/nixcage/nixcage/internal/events"
@@ -89,12 +90,25 @@ func (d *Daemon) ControlAcks(ctx context.Context, max uint32) ([]control.Ack, er
 	return s.acks.Read(int(max))
 }
 
-// ApplyControlFeed runs the commands a channel carries (each document one
+// applyChannelControls is the channel poller's control feed hook.
+func (d *Daemon) applyChannelControls(ctx context.Context, cmds []channel.Control) {
+	d.applyControlFeed(ctx, cmds)
+}
+
+// applyControlFeed runs the commands a channel carries (each file one
 // signed command). A channel is shared by the fleet and read again on
 // every poll, so entries for other hosts, entries already claimed here
 // and entries already refused in this run are skipped without an ack;
-// everything else is run and acked like a command from a file.
-func (d *Daemon) ApplyControlFeed(ctx context.Context, docs [][]byte) []control.Ack {
+// everything else is run and acked like a command from a file, with the
+// entry's name as its "by". A host without a control block ignores the
+// feed.
+func (d *Daemon) applyControlFeed(ctx context.Context, cmds []channel.Control) []control.Ack {
+	if d.config().Control == nil {
+		if len(cmds) > 0 {
+			d.log.Debug("channel control feed ignored: no control block", "commands", len(cmds))
+		}
+		return nil
+	}
 	s, err := d.ctlState()
 	if err != nil {
 		d.log.Error("control feed not read", "err", err)
@@ -108,7 +122,8 @@ func (d *Daemon) ApplyControlFeed(ctx context.Context, docs [][]byte) []control.
 		}
 	}
 	var out []control.Ack
-	for _, raw := range docs {
+	for _, cmd := range cmds {
+		raw := cmd.Data
 		key := control.HashBytes(raw)
 		if p, err := control.Parse(raw); err == nil {
 			if p.Command.Host != control.All && p.Command.Host != host {
@@ -125,7 +140,7 @@ func (d *Daemon) ApplyControlFeed(ctx context.Context, docs [][]byte) []control.
 		if seen {
 			continue
 		}
-		ack, err := d.runControl(ctx, raw, SourceChannel, "")
+		ack, err := d.runControl(ctx, raw, SourceChannel, channel.ControlsDir+"/"+cmd.Name)
 		if err != nil {
 			d.log.Error("control command from the channel", "err", err)
 			continue

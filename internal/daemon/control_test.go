@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -123,14 +124,16 @@ func (a *ackServer) wait(t *testing.T, path string) control.Ack {
 }
 
 func controlConfig(ackURL string) string {
-	return twoAgents + fmt.Sprintf(`
+	ack := ""
+	if ackURL != "" {
+		ack = fmt.Sprintf("  ack_url   = %q\n", ackURL)
+	}
+	return twoAgents + `
 control {
   host_id   = "web-01"
   keys      = ["/etc/nixcage/control/ops.pub", "/etc/nixcage/control/sec.pub"]
   threshold = 2
-  ack_url   = %q
-}
-`, ackURL)
+` + ack + "}\n"
 }
 
 // TestControlCommandsThroughCaged runs caged with a control block and
@@ -315,5 +318,135 @@ func TestControlCommandsThroughCaged(t *testing.T) {
 	}
 	if st, err := os.Stat(c.Path(filepath.Join(paths.ControlDir, "replay.json"))); err != nil || st.Mode().Perm() != 0o600 {
 		t.Errorf("replay cache: %v %v", st, err)
+	}
+}
+
+// channelServer is a real HTTP server serving a channel's index and its
+// control feed (docs/fleet.md "Layout"); it counts feed reads.
+type channelServer struct {
+	*httptest.Server
+	mu    sync.Mutex
+	files map[string][]byte
+	polls int
+}
+
+func newChannelServer(t *testing.T, cmds map[string][]byte) *channelServer {
+	cs := &channelServer{files: map[string][]byte{
+		"/channel.json": []byte(`{"schema": 1, "channel": "stable", "generation": 1, "release": "releases/1"}`),
+	}}
+	var names []string
+	for n, b := range cmds {
+		cs.files["/controls/"+n] = b
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	idx, _ := json.Marshal(map[string]any{"schema": 1, "commands": names})
+	cs.files["/controls/index.json"] = idx
+	cs.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		cs.mu.Lock()
+		defer cs.mu.Unlock()
+		if r.URL.Path == "/controls/index.json" {
+			cs.polls++
+		}
+		b, ok := cs.files[r.URL.Path]
+		if !ok {
+			http.NotFound(w, r)
+			return
+		}
+		w.Write(b)
+	}))
+	t.Cleanup(cs.Close)
+	return cs
+}
+
+func (cs *channelServer) waitPolls(t *testing.T, n int) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		cs.mu.Lock()
+		p := cs.polls
+		cs.mu.Unlock()
+		if p >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the channel's feed was read %d times, want %d", p, n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestControlFeedFromChannel: caged polling a channel on a real HTTP
+// server runs the feed's commands through the same checks: the genuine
+// quarantine runs once (and is not acked again on later polls nor after a
+// caged restart: it is in the replay cache), a forged one is refused and
+// acked once per caged run, and a command for another host is skipped
+// without an ack.
+func TestControlFeedFromChannel(t *testing.T) {
+	s := newSigner(t, "ops", "sec", "stranger", "release")
+	cs := newChannelServer(t, map[string][]byte{
+		"q-alpha.json":    s.command(control.ActionQuarantine, "alpha", nil, "ops", "sec"),
+		"forged.json":     s.command(control.ActionKill, "beta", nil, "stranger", "ops"),
+		"other-host.json": s.command(control.ActionKill, "alpha", func(c *control.Command) { c.Host = "db-02" }, "ops", "sec"),
+	})
+	c := daemontest.Start(t, twoAgents)
+	s.writePub(c.Path("/etc/nixcage/control/ops.pub"), "ops")
+	s.writePub(c.Path("/etc/nixcage/control/sec.pub"), "sec")
+	s.writePub(c.Path("/etc/nixcage/release.pub"), "release")
+	c.WriteConfig(controlConfig("") + fmt.Sprintf(`
+store {
+  channel = "stable"
+  keys    = ["/etc/nixcage/release.pub"]
+}
+channel {
+  url      = %q
+  interval = "1s"
+}
+`, cs.URL+"/"))
+	c.Restart()
+	cl := c.Client()
+	ctx := context.Background()
+	cs.waitPolls(t, 3)
+	count := func() map[string]int {
+		list, err := cl.ControlAcks(ctx, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := map[string]int{}
+		for _, a := range list {
+			if a.Source != "channel" || !strings.HasPrefix(a.By, "controls/") {
+				t.Errorf("ack from the feed: source %q by %q", a.Source, a.By)
+			}
+			n[a.Status+" "+a.Action+" "+a.Agent]++
+		}
+		return n
+	}
+	want := map[string]int{"executed quarantine alpha": 1, "rejected kill beta": 1}
+	if got := count(); !maps.Equal(got, want) {
+		t.Fatalf("acks after 3 polls: %v, want %v", got, want)
+	}
+	if !quarantine.Quarantined(quarantine.Dirs{Root: c.Root}, "alpha") {
+		t.Fatal("the channel's quarantine did not run")
+	}
+	for _, call := range c.SD.Calls() {
+		if strings.Contains(call, "KillUnit") {
+			t.Errorf("a refused or foreign kill reached systemd: %s", call)
+		}
+	}
+	if err := cl.Release(ctx, "alpha"); err != nil {
+		t.Fatal(err)
+	}
+	c.Restart()
+	cl = c.Client()
+	cs.mu.Lock()
+	cs.polls = 0
+	cs.mu.Unlock()
+	cs.waitPolls(t, 2)
+	want["rejected kill beta"] = 2
+	if got := count(); !maps.Equal(got, want) {
+		t.Fatalf("acks after caged restarted: %v, want %v", got, want)
+	}
+	if quarantine.Quarantined(quarantine.Dirs{Root: c.Root}, "alpha") {
+		t.Fatal("the channel's quarantine ran again after caged restarted")
 	}
 }

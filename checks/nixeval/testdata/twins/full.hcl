@@ -136,3 +136,9 @@ control {
   threshold = 2
   ack_url   = "https://acks.example.com/fleet/"
 }
+
+channel {
+  url      = "https://releases.example.org/nixcage/edge/"
+  interval = "10m"
+  ca_file  = "/etc/nixcage/channel-ca.pem"
+}

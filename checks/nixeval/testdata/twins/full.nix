@@ -93,5 +93,11 @@
       threshold = 2;
       ackUrl = "https://acks.example.com/fleet/";
     };
+
+    channel = {
+      url = "https://releases.example.org/nixcage/edge/";
+      interval = "10m";
+      caFile = "/etc/nixcage/channel-ca.pem";
+    };
   };
 }
