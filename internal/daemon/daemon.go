@@ -211,7 +211,8 @@ func Serve(ctx context.Context, o Options) error {
 	d.publishAgents(ctx)
 	d.srv.SetManager(gen, channel, d.reconcileErrString())
 
-	wg.Add(4)
+	wg.Add(5)
+	go func() { defer wg.Done(); d.watchCages(ctx) }()
 	go func() { defer wg.Done(); d.serveMetrics(ctx) }()
 	go func() { defer wg.Done(); d.audit.run(ctx) }()
 	go func() { defer wg.Done(); d.watchdog(ctx) }()
