@@ -196,8 +196,8 @@ func checkControlCommands(ctx context.Context, t *testing.T, e *cageEnv, agent, 
 	}
 	t.Logf("acks:\n%s", acks)
 	journalEvents(t, ctx, e.m, []journalWant{
-		{events.ControlCommand, map[string]string{"NIXCAGE_STATUS": "executed", "NIXCAGE_ACTION": "quarantine", "NIXCAGE_COMMAND": ack.SHA256, "NIXCAGE_HOST_ID": controlHostID}},
-		{events.ControlCommand, map[string]string{"NIXCAGE_STATUS": "duplicate", "NIXCAGE_COMMAND": ack.SHA256}},
-		{events.ControlCommand, map[string]string{"NIXCAGE_STATUS": "rejected", "NIXCAGE_ACTION": "quarantine"}},
+		{kind: events.ControlCommand, fields: map[string]string{"NIXCAGE_STATUS": "executed", "NIXCAGE_ACTION": "quarantine", "NIXCAGE_COMMAND": ack.SHA256, "NIXCAGE_HOST_ID": controlHostID}},
+		{kind: events.ControlCommand, fields: map[string]string{"NIXCAGE_STATUS": "duplicate", "NIXCAGE_COMMAND": ack.SHA256}},
+		{kind: events.ControlCommand, fields: map[string]string{"NIXCAGE_STATUS": "rejected", "NIXCAGE_ACTION": "quarantine"}},
 	})
 }

@@ -99,6 +99,9 @@ type Gateway struct {
 	// live holds the open tunnels a new ban closes.
 	bans atomic.Pointer[[]policy.Ban]
 	live sync.Map // *liveTunnel -> struct{}
+	// learn is learn mode (learn.go), nil when off; its window's end is
+	// checked per decision.
+	learn atomic.Pointer[policy.Learning]
 }
 
 // New builds a gateway from a runtime document. Any inconsistency is an

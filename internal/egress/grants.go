@@ -16,9 +16,14 @@ import (
 // send.
 const grantsPoll = 250 * time.Millisecond
 
-// decide is the policy decision with the bans and grants in force now.
+// decide is the policy decision with the bans, grants and learn mode in
+// force now. A ban comes first: it beats the policy, a grant and learn
+// mode alike.
 func (g *Gateway) decide(st *state, host string, port int, method string) policy.Decision {
-	return st.pol.DecideWithBans(g.Bans(), *g.grants.Load(), time.Now(), host, port, method)
+	if d, ok := g.banned(host); ok {
+		return d
+	}
+	return st.pol.DecideLearning(g.learn.Load(), *g.grants.Load(), time.Now(), host, port, method)
 }
 
 // SetGrants replaces the grants in force. Open tunnels are not touched: a

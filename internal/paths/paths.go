@@ -135,6 +135,10 @@ const ControlDir = "/var/lib/nixcage/control"
 // so a ban outlives reboots and reaches agents declared after it.
 const BansFile = "/var/lib/nixcage/bans.json"
 
+// LearnFile is an agent's learn window: stamped by its prepare step (root)
+// at each start of the cage, read by its gateway and by caged (status).
+func LearnFile(agent string) string { return filepath.Join(Runtime(agent), "learn.json") }
+
 // ConsoleLink is where caged links the terminal it holds for an
 // interactive agent (a /dev/pts/N it made); the agent unit's TTYPath=.
 func ConsoleLink(agent string) string { return filepath.Join(RuntimeRoot, "console", agent) }

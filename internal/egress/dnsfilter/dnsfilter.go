@@ -42,6 +42,8 @@ type Config struct {
 	// Bans are the control commands' bans for this agent: a banned name
 	// is refused whatever the policy and the grants say.
 	Bans []policy.Ban
+	// Learning is learn mode, nil when off.
+	Learning *policy.Learning
 }
 
 // Filter is a dns.Handler.
@@ -94,6 +96,13 @@ func Decide(p *policy.Policy, q dns.Question) (bool, string, string) {
 
 // DecideWithGrants is Decide with the time-bound grants in force at now.
 func DecideWithGrants(p *policy.Policy, grants []policy.Grant, now time.Time, q dns.Question) (bool, string, string) {
+	return DecideLearning(p, nil, grants, now, q)
+}
+
+// DecideLearning is DecideWithGrants with learn mode (nil: off): an
+// unlisted name is answered (rule learn); the types, labels and the
+// answers' address vetting stay as they are.
+func DecideLearning(p *policy.Policy, l *policy.Learning, grants []policy.Grant, now time.Time, q dns.Question) (bool, string, string) {
 	name := policy.Normalize(q.Name)
 	if q.Qclass != dns.ClassINET {
 		return false, fmt.Sprintf("class %s refused", dns.ClassToString[q.Qclass]), "dns-class"
@@ -110,7 +119,7 @@ func DecideWithGrants(p *policy.Policy, grants []policy.Grant, now time.Time, q 
 	if err := policy.CheckHostname(name); err != nil {
 		return false, fmt.Sprintf("name %q is not a host name: %v", name, err), "dns-name"
 	}
-	ok, rule := p.AllowsNameWithGrants(grants, now, name)
+	ok, rule := p.AllowsNameLearning(l, grants, now, name)
 	if !ok {
 		return false, "name " + name + " is not allowed by policy", rule
 	}
@@ -167,7 +176,7 @@ func (f *Filter) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 		refuse("DNS is disabled by policy", "dns-disabled")
 		return
 	}
-	ok, reason, rule := DecideWithGrants(cfg.Policy, cfg.Grants, time.Now(), q)
+	ok, reason, rule := DecideLearning(cfg.Policy, cfg.Learning, cfg.Grants, time.Now(), q)
 	if b := policy.BanFor(cfg.Bans, policy.Normalize(q.Name)); b != nil {
 		d := policy.Banned(b, policy.Normalize(q.Name))
 		ok, reason, rule = false, d.Reason, d.Rule
@@ -214,6 +223,10 @@ func (f *Filter) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 	if unusual != "" {
 		decision = audit.Flagged
 		notes = append(notes, unusual)
+	}
+	if rule == policy.RuleLearn {
+		decision = audit.Flagged
+		notes = append(notes, "learn mode: outside the policy, answered and flagged")
 	}
 	if len(notes) > 0 {
 		reason += "; " + strings.Join(notes, "; ")
