@@ -272,6 +272,7 @@ type harness struct {
 	ph        map[string]string // secret name -> placeholder
 	stop      func()
 	args      []string // extra cage-egress flags for start
+	cageNetns string   // the network namespace startCage made, if any
 	logMu     sync.Mutex
 	logBuf    strings.Builder
 }
