@@ -109,6 +109,9 @@ type policyV1 struct {
 
 	UnsafeAllowLoopbackUpstreams *bool `hcl:"unsafe_allow_loopback_upstreams,optional"`
 	UnsafeAllowPrivateUpstreams  *bool `hcl:"unsafe_allow_private_upstreams,optional"`
+	// Decoded only to be refused with a message naming what it is: a
+	// bench-only switch of cage-egress, never a policy setting.
+	UnsafeBenchIPLiterals *bool `hcl:"unsafe_bench_ip_literals,optional"`
 }
 
 // httpRuleV1 allows or denies requests to intercepted hosts by method and

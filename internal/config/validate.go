@@ -686,6 +686,9 @@ func (v *validator) resolvePolicy(name string, p *policyV1) *resolvedPolicy {
 	if p.UnsafeAllowPrivateUpstreams != nil {
 		out.UnsafeAllowPrivateUpstreams = *p.UnsafeAllowPrivateUpstreams
 	}
+	if p.UnsafeBenchIPLiterals != nil {
+		v.errorf(at(p.Body, "unsafe_bench_ip_literals"), "Bench-only setting", "egress_policy %q: unsafe_bench_ip_literals is not a policy setting: IP-literal destinations exist only as cage-egress --unsafe-bench-ip-literals for bench/egress/run.sh, which the rendered units never pass and which refuses to run under systemd. Remove it; allow the host's name instead.", name)
+	}
 	creds := map[string]credentialV1{}
 	for _, c := range p.Credentials {
 		if _, dup := creds[c.Name]; dup {

@@ -357,3 +357,30 @@ func TestWorkspaceWalls(t *testing.T) {
 		}
 	}
 }
+
+// The bench-only IP-literal switch of cage-egress (docs/egress.md) is never
+// part of what nixcage installs: no rendered unit, environment file or
+// runtime document of any example names it.
+func TestNoBenchSwitchRendered(t *testing.T) {
+	for _, ex := range []string{"reference.hcl", "quickstart.hcl"} {
+		files, err := Render(loadExample(t, ex), DefaultOptions())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(files) == 0 {
+			t.Fatalf("%s rendered nothing", ex)
+		}
+		egress := false
+		for _, f := range files {
+			egress = egress || bytes.Contains(f.Data, []byte("cage-egress --config"))
+			for _, s := range []string{"unsafe-bench", "unsafe_bench"} {
+				if bytes.Contains(f.Data, []byte(s)) {
+					t.Errorf("%s: rendered %s names %s", ex, f.Path, s)
+				}
+			}
+		}
+		if !egress {
+			t.Errorf("%s: no rendered unit starts cage-egress --config; the check above saw none", ex)
+		}
+	}
+}
