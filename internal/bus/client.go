@@ -349,6 +349,8 @@ func decodeEvent(sig *dbus.Signal) (Event, bool) {
 		keys = []string{"agent", "backend", "by"}
 	case SignalRunFinished:
 		keys = []string{"agent", "exit_status", "summary"}
+	case SignalRelayAction:
+		keys = []string{"agent", "actor", "action", "outcome", "detail", "by"}
 	default:
 		return Event{}, false
 	}

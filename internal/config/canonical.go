@@ -118,6 +118,9 @@ func Canonical(cfg *Config) ([]byte, error) {
 	if cfg.Metrics != nil {
 		doc["metrics"] = map[string]any{"listen": cfg.Metrics.Listen}
 	}
+	if r := cfg.Relay; r != nil {
+		doc["relay"] = canonRelay(r)
+	}
 	b, err := json.MarshalIndent(doc, "", "  ")
 	if err != nil {
 		return nil, err

@@ -78,6 +78,15 @@ var (
 		Message: func(f map[string]string) string {
 			return fmt.Sprintf("throw-away cage %s finished with exit status %s", f["NIXCAGE_AGENT"], f["NIXCAGE_EXIT_STATUS"])
 		}}
+	RelayAction = Kind{Name: "relay-action", ID: "cd5ded8a21284dddaecf6d5b615730f5", Signal: bus.SignalRelayAction,
+		Fields: []string{"NIXCAGE_AGENT", "NIXCAGE_ACTOR", "NIXCAGE_ACTION", "NIXCAGE_OUTCOME", "NIXCAGE_DETAIL", "NIXCAGE_BY"}, Priority: journal.PriInfo,
+		Message: func(f map[string]string) string {
+			agent := f["NIXCAGE_AGENT"]
+			if agent == "" {
+				agent = "(no agent)"
+			}
+			return fmt.Sprintf("relay %s: %s %s on %s: %s", f["NIXCAGE_OUTCOME"], f["NIXCAGE_ACTOR"], f["NIXCAGE_ACTION"], agent, f["NIXCAGE_DETAIL"])
+		}}
 	Reconciled = Kind{Name: "reconciled", ID: "04bff51dea2f4fe6b77ab30df1d0ecda", Signal: bus.SignalReconciled,
 		Fields: []string{"NIXCAGE_ERROR"}, Priority: journal.PriInfo,
 		Message: func(f map[string]string) string {
@@ -89,7 +98,7 @@ var (
 )
 
 // Kinds is every kind, in the order docs/fleet.md lists them.
-var Kinds = []Kind{AgentStateChanged, ReleaseApplied, ReleaseRefused, AgentQuarantined, AgentReleased, AgentKilled, EgressFailed, RunStarted, RunFinished, Reconciled}
+var Kinds = []Kind{AgentStateChanged, ReleaseApplied, ReleaseRefused, AgentQuarantined, AgentReleased, AgentKilled, EgressFailed, RunStarted, RunFinished, RelayAction, Reconciled}
 
 // Identifier is SYSLOG_IDENTIFIER of every event.
 const Identifier = "caged"
