@@ -72,6 +72,10 @@ let
       max_file_bytes = r.maxFileBytes;
       chat = lib.mapAttrs (_: c: clean { chat_id = c.chatId; inherit (c) topic; }) r.chats;
     }) cfg.relay;
+    channel = lib.mapNullable (c: clean {
+      inherit (c) url interval;
+      ca_file = c.caFile;
+    }) cfg.channel;
   };
 in
 {

@@ -121,6 +121,13 @@ func Canonical(cfg *Config) ([]byte, error) {
 	if r := cfg.Relay; r != nil {
 		doc["relay"] = canonRelay(r)
 	}
+	if c := cfg.Channel; c != nil {
+		m := map[string]any{"url": c.URL, "interval": c.Interval.String()}
+		if c.CAFile != "" {
+			m["ca_file"] = c.CAFile
+		}
+		doc["channel"] = m
+	}
 	b, err := json.MarshalIndent(doc, "", "  ")
 	if err != nil {
 		return nil, err

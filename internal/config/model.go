@@ -15,6 +15,7 @@ type Config struct {
 	Evidence Evidence   // zero fields: the quarantine package's defaults
 	Metrics  *Metrics   // nil when no metrics block was declared (off)
 	Relay    *Relay     // nil when no relay block was declared (no chat relay)
+	Channel  *Channel   // nil when no channel block was declared (no polling)
 	// Policies are the declared named policies, used or not (cagectl run
 	// names them too), sorted by name.
 	Policies []policy.Policy
@@ -128,6 +129,18 @@ type Metrics struct {
 	// Listen is "HOST:PORT" with a loopback IP literal, or
 	// "unix:/run/nixcage/NAME" (DefaultMetricsListen).
 	Listen string
+}
+
+// Channel is the release channel caged polls (docs/fleet.md "Channels").
+type Channel struct {
+	// URL is the channel's base: http://, https:// or an absolute
+	// directory (a mounted channel).
+	URL string
+	// Interval between polls (DefaultChannelInterval); failures back off
+	// from it.
+	Interval time.Duration
+	// CAFile replaces the system's CA pool for https ("" = system's).
+	CAFile string
 }
 
 // Agent returns the agent called name, or nil.

@@ -17,6 +17,7 @@ type fileV1 struct {
 	Evidence []evidenceV1  `hcl:"evidence,block"`
 	Metrics  []metricsV1   `hcl:"metrics,block"`
 	Relay    []relayV1     `hcl:"relay,block"`
+	Channel  []channelV1   `hcl:"channel,block"`
 }
 
 // relayV1 is the chat relay (cage-relay): where its token is, who may
@@ -38,6 +39,14 @@ type relayChatV1 struct {
 	Agent  string   `hcl:"agent,label"`
 	ChatID int64    `hcl:"chat_id"`
 	Topic  *int64   `hcl:"topic,optional"`
+}
+
+// channelV1 makes caged poll a release channel (docs/fleet.md).
+type channelV1 struct {
+	Body     hcl.Body `hcl:",body"`
+	URL      string   `hcl:"url"`
+	Interval *string  `hcl:"interval,optional"`
+	CAFile   *string  `hcl:"ca_file,optional"`
 }
 
 // metricsV1 turns on caged's Prometheus endpoint.

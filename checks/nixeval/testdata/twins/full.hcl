@@ -148,3 +148,9 @@ relay {
     topic   = 4
   }
 }
+
+channel {
+  url      = "https://releases.example.org/nixcage/edge/"
+  interval = "10m"
+  ca_file  = "/etc/nixcage/channel-ca.pem"
+}

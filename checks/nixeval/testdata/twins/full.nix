@@ -97,5 +97,11 @@
       maxFileBytes = 1048576;
       chats.beta = { chatId = -1009; topic = 4; };
     };
+
+    channel = {
+      url = "https://releases.example.org/nixcage/edge/";
+      interval = "10m";
+      caFile = "/etc/nixcage/channel-ca.pem";
+    };
   };
 }
