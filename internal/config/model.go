@@ -52,6 +52,26 @@ type Agent struct {
 	// InlinePolicy is set when the policy was declared inside the agent.
 	InlinePolicy bool
 	Secrets      []Secret
+	// Learn is learn mode (docs/grants.md), nil when off.
+	Learn *Learn
+	// Approval is the approval queue, nil when off.
+	Approval *Approval
+}
+
+// Learn: for For after each start of the cage, requests outside the policy
+// are allowed and flagged, within the address rules and deny lists.
+type Learn struct {
+	For time.Duration
+	// Deny are the shipped policies' deny lists, which learning never
+	// passes whatever the agent's policy is.
+	Deny []string
+}
+
+// Approval: a request outside the policy waits up to Wait for an
+// operator's decision; at most MaxPending wait at once per agent.
+type Approval struct {
+	Wait       time.Duration
+	MaxPending int
 }
 
 // Resources are the cgroup limits of the cage.

@@ -385,6 +385,8 @@ func (v *validator) agent(a *agentV1) *Agent {
 		}
 		ag.Interactive = true
 	}
+	ag.Learn = v.learn(a)
+	ag.Approval = v.approval(a)
 	if len(a.Resources) > 1 {
 		v.errorf(block(a.Resources[1].Body), "Duplicate resources block", "agent %q has more than one resources block. Merge them.", a.Name)
 	}
@@ -990,4 +992,55 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// learn validates learn and learn_for.
+func (v *validator) learn(a *agentV1) *Learn {
+	on := a.Learn != nil && *a.Learn
+	if a.LearnFor != nil && !on {
+		v.errorf(at(a.Body, "learn_for"), "learn_for without learn", "agent %q: learn_for = %q has no effect without learn = true. Add learn = true or remove learn_for.", a.Name, *a.LearnFor)
+		return nil
+	}
+	if !on {
+		return nil
+	}
+	l := &Learn{For: policy.DefaultLearnDuration, Deny: v.loader.BuiltinDenies()}
+	if a.LearnFor != nil {
+		d, err := time.ParseDuration(*a.LearnFor)
+		if err != nil || d < time.Minute || d > policy.MaxLearnDuration {
+			v.errorf(at(a.Body, "learn_for"), "Invalid learn_for", "agent %q: learn_for = %q; write a duration from 1m to %s, e.g. \"30m\" (learn mode is for a first run, not a policy).", a.Name, *a.LearnFor, policy.MaxLearnDuration)
+			return nil
+		}
+		l.For = d
+	}
+	return l
+}
+
+// approval validates the approval block.
+func (v *validator) approval(a *agentV1) *Approval {
+	if len(a.Approval) == 0 {
+		return nil
+	}
+	if len(a.Approval) > 1 {
+		v.errorf(block(a.Approval[1].Body), "Duplicate approval block", "agent %q has more than one approval block. Merge them.", a.Name)
+		return nil
+	}
+	b := a.Approval[0]
+	ap := &Approval{Wait: policy.DefaultApprovalWait, MaxPending: policy.DefaultMaxPending}
+	if b.Wait != nil {
+		d, err := time.ParseDuration(*b.Wait)
+		if err != nil || d < time.Second || d > policy.MaxApprovalWait {
+			v.errorf(at(b.Body, "wait"), "Invalid approval wait", "agent %q: approval wait = %q; write a duration from 1s to %s, e.g. \"30s\" (the agent's request is held open that long).", a.Name, *b.Wait, policy.MaxApprovalWait)
+			return nil
+		}
+		ap.Wait = d
+	}
+	if b.MaxPending != nil {
+		if *b.MaxPending < 1 || *b.MaxPending > policy.MaxMaxPending {
+			v.errorf(at(b.Body, "max_pending"), "Invalid approval max_pending", "agent %q: approval max_pending = %d; use 1 to %d requests waiting at once.", a.Name, *b.MaxPending, policy.MaxMaxPending)
+			return nil
+		}
+		ap.MaxPending = *b.MaxPending
+	}
+	return ap
 }

@@ -87,6 +87,26 @@ var (
 			}
 			return fmt.Sprintf("relay %s: %s %s on %s: %s", f["NIXCAGE_OUTCOME"], f["NIXCAGE_ACTOR"], f["NIXCAGE_ACTION"], agent, f["NIXCAGE_DETAIL"])
 		}}
+	LearnStarted = Kind{Name: "learn-started", ID: "28e2b179dd7f4467bcaec015d51ff676",
+		Fields: []string{"NIXCAGE_AGENT", "NIXCAGE_UNTIL"}, Priority: journal.PriWarning,
+		Message: func(f map[string]string) string {
+			return fmt.Sprintf("agent %s is in LEARN MODE until %s: requests outside its policy are allowed and flagged (audit rule learn)", f["NIXCAGE_AGENT"], f["NIXCAGE_UNTIL"])
+		}}
+	LearnEnded = Kind{Name: "learn-ended", ID: "ca6684ddd5574af6955d523549b7b0ff",
+		Fields: []string{"NIXCAGE_AGENT", "NIXCAGE_UNTIL"}, Priority: journal.PriNotice,
+		Message: func(f map[string]string) string {
+			return fmt.Sprintf("agent %s: learn mode ended at %s; its policy applies again", f["NIXCAGE_AGENT"], f["NIXCAGE_UNTIL"])
+		}}
+	ApprovalPending = Kind{Name: "approval-pending", ID: "8d00a7ad6c0d4f1b9afbfdc6634df75f", Signal: bus.SignalApprovalPending,
+		Fields: []string{"NIXCAGE_AGENT", "NIXCAGE_APPROVAL", "NIXCAGE_HOST", "NIXCAGE_PORT", "NIXCAGE_METHOD", "NIXCAGE_PATH", "NIXCAGE_SINCE", "NIXCAGE_EXPIRES"}, Priority: journal.PriWarning,
+		Message: func(f map[string]string) string {
+			return fmt.Sprintf("agent %s asks to reach %s:%s (%s %s); approve with cagectl approve %s once|host|deny", f["NIXCAGE_AGENT"], f["NIXCAGE_HOST"], f["NIXCAGE_PORT"], f["NIXCAGE_METHOD"], f["NIXCAGE_PATH"], f["NIXCAGE_APPROVAL"])
+		}}
+	ApprovalDecided = Kind{Name: "approval-decided", ID: "79c49735575b4f6b8ccb5c9f225da78c", Signal: bus.SignalApprovalDecided,
+		Fields: []string{"NIXCAGE_AGENT", "NIXCAGE_APPROVAL", "NIXCAGE_VERDICT", "NIXCAGE_BY"}, Priority: journal.PriNotice,
+		Message: func(f map[string]string) string {
+			return fmt.Sprintf("agent %s: approval %s decided %s by %s", f["NIXCAGE_AGENT"], f["NIXCAGE_APPROVAL"], f["NIXCAGE_VERDICT"], f["NIXCAGE_BY"])
+		}}
 	Reconciled = Kind{Name: "reconciled", ID: "04bff51dea2f4fe6b77ab30df1d0ecda", Signal: bus.SignalReconciled,
 		Fields: []string{"NIXCAGE_ERROR"}, Priority: journal.PriInfo,
 		Message: func(f map[string]string) string {
@@ -108,7 +128,7 @@ var ChannelPollFailed = Kind{Name: "channel-poll-failed", ID: "e04187dfb441445ca
 	}}
 
 // Kinds is every kind, in the order docs/fleet.md lists them.
-var Kinds = []Kind{AgentStateChanged, ReleaseApplied, ReleaseRefused, AgentQuarantined, AgentReleased, AgentKilled, EgressFailed, RunStarted, RunFinished, RelayAction, Reconciled, ChannelPollFailed}
+var Kinds = []Kind{AgentStateChanged, ReleaseApplied, ReleaseRefused, AgentQuarantined, AgentReleased, AgentKilled, EgressFailed, RunStarted, RunFinished, RelayAction, Reconciled, ChannelPollFailed, LearnStarted, LearnEnded, ApprovalPending, ApprovalDecided}
 
 // Identifier is SYSLOG_IDENTIFIER of every event.
 const Identifier = "caged"
