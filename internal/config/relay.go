@@ -46,8 +46,10 @@ const (
 	// DefaultRelayMaxFileBytes is the Bot API's own download limit (20 MB
 	// through getFile on api.telegram.org).
 	DefaultRelayMaxFileBytes = 20 << 20
-	// MaxRelayFileBytes: a self-hosted Bot API server passes up to 2000 MB.
-	MaxRelayFileBytes = 2000 << 20
+	// MaxRelayFileBytes is caged's own ceiling for a workspace file
+	// (bus.MaxFileBytes, 50 MiB, Telegram's limit for files bots send; a
+	// test in internal/relay keeps the two equal).
+	MaxRelayFileBytes = 50 << 20
 )
 
 // RelayDoc is the relay's runtime document (paths.RelayConfig): the
@@ -119,7 +121,7 @@ func (v *validator) relay(r *relayV1, cfg *Config) *Relay {
 	if r.MaxFileBytes != nil {
 		out.MaxFileBytes = *r.MaxFileBytes
 		if *r.MaxFileBytes <= 0 || *r.MaxFileBytes > MaxRelayFileBytes {
-			v.errorf(at(r.Body, "max_file_bytes"), "Invalid relay file limit", "relay: max_file_bytes = %d; give 1 to %d bytes (the Bot API serves files up to 20 MB, a self-hosted Bot API server up to 2000 MB), or leave it out for %d.", *r.MaxFileBytes, MaxRelayFileBytes, DefaultRelayMaxFileBytes)
+			v.errorf(at(r.Body, "max_file_bytes"), "Invalid relay file limit", "relay: max_file_bytes = %d; give 1 to %d bytes (caged moves workspace files up to 50 MiB; the Bot API serves downloads up to 20 MB, a self-hosted Bot API server more), or leave it out for %d.", *r.MaxFileBytes, MaxRelayFileBytes, DefaultRelayMaxFileBytes)
 		}
 	}
 	acct := v.relayAccount(r, cfg)

@@ -22,4 +22,8 @@ type Caged interface {
 	AllowHost(ctx context.Context, agent, host string, port int, d time.Duration, reason string) (*bus.Grant, error)
 	ListGrants(ctx context.Context, agent string) ([]bus.Grant, error)
 	RecordRelayAction(ctx context.Context, a bus.RelayAction) error
+	// Turns and workspace files, caged's side (docs/relay.md).
+	Turn(ctx context.Context, agent, text string) (bus.TurnResult, error)
+	GetFile(ctx context.Context, agent, path string, maxBytes uint64) (*os.File, uint64, error)
+	PutFile(ctx context.Context, agent, name string, f *os.File) (string, error)
 }

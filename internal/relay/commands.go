@@ -73,7 +73,7 @@ func cmdHelp(ctx context.Context, r *Relay, q *request, _ string) (string, strin
 func (r *Relay) refusal(ctx context.Context, q *request, what string, err error) (string, string) {
 	var re *bus.RemoteError
 	outcome := bus.RelayFailed
-	if errors.As(err, &re) && (errors.Is(err, bus.ErrDenied) || re.Name == bus.ErrorQuarantined || re.Name == bus.ErrorInvalid || re.Name == bus.ErrorNoSuchAgent) {
+	if errors.As(err, &re) && (errors.Is(err, bus.ErrDenied) || re.Name == bus.ErrorQuarantined || re.Name == bus.ErrorInvalid || re.Name == bus.ErrorNoSuchAgent || re.Name == bus.ErrorBusy) {
 		outcome = bus.RelayRefused
 	}
 	word := "Failed"

@@ -12,21 +12,8 @@ import (
 	"github.com/nixcage/nixcage/internal/bus"
 )
 
-// Workspace is caged's side of turns and workspace files (docs/relay.md,
-// "caged's side"); *bus.Client implements it.
-type Workspace interface {
-	Turn(ctx context.Context, agent, message string) (string, error)
-	GetFile(ctx context.Context, agent, path string, max int64) (*os.File, error)
-	PutFile(ctx context.Context, agent, name string, f *os.File) (string, error)
-}
-
 func addFileCommands(cs map[string]command) {
 	cs["get"] = command{"PATH", "a file from the agent's workspace, as a document", cmdGet}
-}
-
-func (r *Relay) workspace() (Workspace, bool) {
-	w, ok := r.caged.(Workspace)
-	return w, ok
 }
 
 func cmdGet(ctx context.Context, r *Relay, q *request, args string) (string, string) {
@@ -35,30 +22,23 @@ func cmdGet(ctx context.Context, r *Relay, q *request, args string) (string, str
 		r.answer(ctx, q, "/get PATH: a path in the agent's workspace, such as /get out/report.md")
 		return bus.RelayRefused, "usage"
 	}
-	w, ok := r.workspace()
-	if !ok {
-		r.answer(ctx, q, "This caged serves no workspace files.")
-		return bus.RelayFailed, "no workspace files"
-	}
-	f, err := w.GetFile(ctx, q.agent, p, r.doc.MaxFileBytes)
+	// caged checks the path (inside the workspace, a regular file, within
+	// the limit) and hands over a sealed snapshot.
+	f, size, err := r.caged.GetFile(ctx, q.agent, p, uint64(r.doc.MaxFileBytes))
 	if err != nil {
 		return r.refusal(ctx, q, "get "+p, err)
 	}
 	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return r.refusal(ctx, q, "get "+p, err)
-	}
 	name := path.Base(p)
-	err = r.tg.SendDocument(ctx, q.to, name, fmt.Sprintf("%s: %s (%d bytes)", q.agent, p, st.Size()), func() (io.ReadCloser, error) {
+	err = r.tg.SendDocument(ctx, q.to, name, fmt.Sprintf("%s: %s (%d bytes)", q.agent, p, size), func() (io.ReadCloser, error) {
 		// Each attempt reads from the start: a 429 retry sends it whole.
-		return io.NopCloser(io.NewSectionReader(f, 0, st.Size())), nil
+		return io.NopCloser(io.NewSectionReader(f, 0, int64(size))), nil
 	})
 	if err != nil {
 		r.log.Warn("send file", "path", p, "err", err)
 		return bus.RelayFailed, "send: " + err.Error()
 	}
-	return bus.RelayOK, fmt.Sprintf("%s (%d bytes)", p, st.Size())
+	return bus.RelayOK, fmt.Sprintf("%s (%d bytes)", p, size)
 }
 
 // safeName checks an uploaded file's name as the relay passes it on: a
@@ -111,18 +91,13 @@ func (r *Relay) handleDocument(ctx context.Context, q *request, apply bool) (str
 		r.answer(ctx, q, "Refused: "+err.Error())
 		return "upload", bus.RelayRefused, err.Error()
 	}
-	w, ok := r.workspace()
-	if !ok {
-		r.answer(ctx, q, "This caged takes no workspace files.")
-		return "upload", bus.RelayFailed, "no workspace files"
-	}
 	f, err := r.download(ctx, d.FileID, d.FileSize)
 	if err != nil {
 		r.answer(ctx, q, "Refused: "+err.Error())
 		return "upload", bus.RelayRefused, err.Error()
 	}
 	defer f.Close()
-	saved, err := w.PutFile(ctx, q.agent, name, f)
+	saved, err := r.caged.PutFile(ctx, q.agent, name, f)
 	if err != nil {
 		o, det := r.refusal(ctx, q, "save "+name, err)
 		return "upload", o, det

@@ -53,8 +53,9 @@ const (
 	// MaxAnswerMessages: an answer that would take more messages goes as
 	// a file instead.
 	MaxAnswerMessages = 3
-	// turnQueue is how many turns may wait per agent.
-	turnQueue = 8
+	// turnQueue is how many turns may wait per agent: as many as caged
+	// lets wait, so the relay never sends one caged would refuse as busy.
+	turnQueue = bus.MaxQueuedTurns
 	// refusalQuiet: a non-owner is told "refused" once in this time per
 	// chat (each attempt is still audited), so strangers cannot use the
 	// bot's send budget against the owners.

@@ -134,7 +134,7 @@ func (f *fakeCaged) RecordRelayAction(ctx context.Context, a bus.RelayAction) er
 	f.mu.Unlock()
 	return nil
 }
-func (f *fakeCaged) Turn(ctx context.Context, a, msg string) (string, error) {
+func (f *fakeCaged) Turn(ctx context.Context, a, msg string) (bus.TurnResult, error) {
 	f.mu.Lock()
 	f.calls = append(f.calls, "turn "+a+" "+msg)
 	f.running++
@@ -149,22 +149,25 @@ func (f *fakeCaged) Turn(ctx context.Context, a, msg string) (string, error) {
 	f.mu.Lock()
 	f.running--
 	f.mu.Unlock()
-	return out + " to " + msg, f.check(a)
+	if strings.HasPrefix(msg, "fail") {
+		return bus.TurnResult{Reply: "partial\n--- stderr ---\nboom", Status: bus.TurnFailed, Exit: 2}, nil
+	}
+	return bus.TurnResult{Reply: out + " to " + msg, Status: bus.TurnSuccess}, f.check(a)
 }
-func (f *fakeCaged) GetFile(ctx context.Context, a, p string, max int64) (*os.File, error) {
+func (f *fakeCaged) GetFile(ctx context.Context, a, p string, max uint64) (*os.File, uint64, error) {
 	f.call("get " + a + " " + p)
 	if err := f.check(a); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	data, ok := f.files[p]
 	if !ok {
-		return nil, &bus.RemoteError{Name: bus.ErrorInvalid, Message: "no file " + p + " in the workspace"}
+		return nil, 0, &bus.RemoteError{Name: bus.ErrorInvalid, Message: "no file " + p + " in the workspace"}
 	}
 	tmp, _ := os.CreateTemp("", "fakeget")
 	os.Remove(tmp.Name())
 	tmp.Write(data)
 	tmp.Seek(0, 0)
-	return tmp, nil
+	return tmp, uint64(len(data)), nil
 }
 func (f *fakeCaged) PutFile(ctx context.Context, a, name string, file *os.File) (string, error) {
 	b, _ := io.ReadAll(file)
@@ -541,5 +544,27 @@ func TestRateLimitedAnswer(t *testing.T) {
 	sent := h.tg.Sent(seq)
 	if len(sent) < 2 || sent[0].Refused != 429 || got.At.Sub(sent[0].At) < time.Second {
 		t.Fatalf("sent %+v", sent)
+	}
+}
+
+// The relay's file limit is caged's: a larger max_file_bytes would only
+// move the refusal from validation to every transfer.
+func TestFileLimitIsCaged(t *testing.T) {
+	if config.MaxRelayFileBytes != bus.MaxFileBytes {
+		t.Fatalf("config.MaxRelayFileBytes %d, bus.MaxFileBytes %d", config.MaxRelayFileBytes, bus.MaxFileBytes)
+	}
+}
+
+// A turn that did not succeed is posted with its status, and audited as
+// failed.
+func TestFailedTurnShown(t *testing.T) {
+	h := start(t)
+	seq := h.say(owner, chatA, 0, "fail please")
+	got := h.reply(t, seq, "sendMessage")
+	if !strings.Contains(got.Text, "boom") || !strings.HasSuffix(got.Text, "[turn failed, exit status 2]") {
+		t.Fatalf("reply %q", got.Text)
+	}
+	if r := h.record(t, "turn", 1); r.Outcome != bus.RelayFailed || !strings.HasPrefix(r.Detail, "failed, exit status 2") {
+		t.Fatalf("record %+v", r)
 	}
 }

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/nixcage/nixcage/internal/bus"
 )
@@ -16,15 +17,6 @@ type turnJob struct {
 // of one agent run one at a time, in the order they came; caged queues as
 // well, this keeps the relay's order and its typing indicator honest.
 func (r *Relay) enqueueTurn(ctx context.Context, q *request, text string) {
-	if _, ok := r.workspace(); !ok {
-		r.wg.Add(1)
-		go func() {
-			defer r.wg.Done()
-			r.answer(ctx, q, "This caged runs no turns.")
-			r.audit(ctx, q, "turn", bus.RelayFailed, "no turns")
-		}()
-		return
-	}
 	r.mu.Lock()
 	ch, ok := r.queues[q.agent]
 	if !ok {
@@ -60,11 +52,10 @@ func (r *Relay) turnWorker(ctx context.Context, ch chan turnJob) {
 }
 
 func (r *Relay) runTurn(ctx context.Context, j turnJob) {
-	w, _ := r.workspace()
 	stop := make(chan struct{})
 	done := make(chan struct{})
 	go func() { r.typing(ctx, j.q, stop); close(done) }()
-	out, err := w.Turn(ctx, j.q.agent, j.text)
+	res, err := r.caged.Turn(ctx, j.q.agent, j.text)
 	close(stop)
 	<-done
 	if err != nil {
@@ -72,6 +63,12 @@ func (r *Relay) runTurn(ctx context.Context, j turnJob) {
 		r.audit(ctx, j.q, "turn", o, det)
 		return
 	}
+	out, outcome := res.Reply, bus.RelayOK
+	if res.Status != bus.TurnSuccess {
+		// The reply then ends with the harness's stderr (caged's side).
+		out = fmt.Sprintf("%s\n\n[turn %s, exit status %d]", strings.TrimRight(out, "\n"), res.Status, res.Exit)
+		outcome = bus.RelayFailed
+	}
 	r.answer(ctx, j.q, out)
-	r.audit(ctx, j.q, "turn", bus.RelayOK, fmt.Sprintf("%d bytes in, %d bytes out", len(j.text), len(out)))
+	r.audit(ctx, j.q, "turn", outcome, fmt.Sprintf("%s, exit status %d, %d bytes in, %d bytes out", res.Status, res.Exit, len(j.text), len(res.Reply)))
 }
