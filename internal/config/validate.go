@@ -234,6 +234,8 @@ func (v *validator) build(files []*fileV1) *Config {
 		func(e *evidenceV1) { cfg.Evidence = v.evidence(e) })
 	onlyBlock(v, files, "metrics", func(f *fileV1) []metricsV1 { return f.Metrics }, func(m *metricsV1) hcl.Body { return m.Body },
 		func(m *metricsV1) { cfg.Metrics = v.metrics(m) })
+	onlyBlock(v, files, "relay", func(f *fileV1) []relayV1 { return f.Relay }, func(r *relayV1) hcl.Body { return r.Body },
+		func(r *relayV1) { cfg.Relay = v.relay(r, cfg) })
 	chanBody := onlyBlock(v, files, "channel", func(f *fileV1) []channelV1 { return f.Channel }, func(c *channelV1) hcl.Body { return c.Body },
 		func(c *channelV1) { cfg.Channel = v.channel(c) })
 	if cfg.Channel != nil && cfg.Store == nil {
