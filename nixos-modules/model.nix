@@ -74,6 +74,13 @@ let
       host_id = c.hostId;
       ack_url = c.ackUrl;
     }) cfg.control;
+    relay = lib.mapNullable (r: clean {
+      token_file = r.tokenFile;
+      inherit (r) owners account;
+      api_url = r.apiUrl;
+      max_file_bytes = r.maxFileBytes;
+      chat = lib.mapAttrs (_: c: clean { chat_id = c.chatId; inherit (c) topic; }) r.chats;
+    }) cfg.relay;
     channel = lib.mapNullable (c: clean {
       inherit (c) url interval;
       ca_file = c.caFile;

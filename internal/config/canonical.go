@@ -135,6 +135,9 @@ func Canonical(cfg *Config) ([]byte, error) {
 		}
 		doc["control"] = m
 	}
+	if r := cfg.Relay; r != nil {
+		doc["relay"] = canonRelay(r)
+	}
 	if c := cfg.Channel; c != nil {
 		m := map[string]any{"url": c.URL, "interval": c.Interval.String()}
 		if c.CAFile != "" {
