@@ -369,6 +369,14 @@ func decodeEvent(sig *dbus.Signal) (Event, bool) {
 		keys = []string{"agent", "backend", "by"}
 	case SignalRunFinished:
 		keys = []string{"agent", "exit_status", "summary"}
+	case SignalRelayAction:
+		keys = []string{"agent", "actor", "action", "outcome", "detail", "by"}
+	case SignalTurnStarted:
+		keys = []string{"agent", "by"}
+	case SignalTurnFinished:
+		keys = []string{"agent", "by", "status", "exit_status", "duration_ms"}
+	case SignalFileTransferred:
+		keys = []string{"agent", "op", "path", "bytes", "outcome", "by"}
 	default:
 		return Event{}, false
 	}
