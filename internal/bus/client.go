@@ -349,6 +349,10 @@ func decodeEvent(sig *dbus.Signal) (Event, bool) {
 		keys = []string{"agent", "backend", "by"}
 	case SignalRunFinished:
 		keys = []string{"agent", "exit_status", "summary"}
+	case SignalShellOpened:
+		keys = []string{"agent", "by", "command", "unit"}
+	case SignalShellClosed:
+		keys = []string{"agent", "by", "exit_status", "unit"}
 	default:
 		return Event{}, false
 	}

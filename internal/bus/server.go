@@ -243,7 +243,7 @@ func (s *Server) UpdateAgent(st AgentStatus) {
 // The run signals are left out of the bus policy's receive rules: a run's
 // owner must get its summary even if dbus-daemon loaded the policy before
 // the owner's account existed.
-var scopedSignals = append(slices.Clone(paths.BusAuditSignals), SignalRunStarted, SignalRunFinished)
+var scopedSignals = append(slices.Clone(paths.BusAuditSignals), SignalRunStarted, SignalRunFinished, SignalShellOpened, SignalShellClosed)
 
 // Emit sends a Manager signal. Signals carrying audit data (scopedSignals;
 // args[0] is the agent or run) are never broadcast: each goes, addressed,
@@ -619,6 +619,7 @@ var argNames = map[string][]string{
 	"AttachConsole":   {"name", "console"},
 	"ResizeConsole":   {"name", "rows", "cols"},
 	"SignalRun":       {"name", "signal"},
+	"OpenShell":       {"request", "stdin", "stdout", "stderr", "unit"},
 }
 
 func methods(v any, agentScoped bool) []introspect.Method {
@@ -648,6 +649,8 @@ var managerSignals = []introspect.Signal{
 	{Name: SignalEgressFailed, Args: []introspect.Arg{{Name: "agent", Type: "s"}, {Name: "reason", Type: "s"}, {Name: "recover", Type: "s"}}},
 	{Name: SignalRunStarted, Args: []introspect.Arg{{Name: "name", Type: "s"}, {Name: "backend", Type: "s"}, {Name: "by", Type: "s"}}},
 	{Name: SignalRunFinished, Args: []introspect.Arg{{Name: "name", Type: "s"}, {Name: "exit_status", Type: "i"}, {Name: "summary", Type: "s"}}},
+	{Name: SignalShellOpened, Args: []introspect.Arg{{Name: "agent", Type: "s"}, {Name: "by", Type: "s"}, {Name: "command", Type: "s"}, {Name: "unit", Type: "s"}}},
+	{Name: SignalShellClosed, Args: []introspect.Arg{{Name: "agent", Type: "s"}, {Name: "by", Type: "s"}, {Name: "exit_status", Type: "i"}, {Name: "unit", Type: "s"}}},
 }
 
 func (s *Server) introspect(path string) string {

@@ -121,6 +121,7 @@ type Daemon struct {
 	lastApply      time.Time       // last apply or rollback by this caged
 	runs           map[string]*run // throw-away cages by name
 	consoles       map[string]*console
+	shells         map[string]*shell // open shells by unit (cagectl shell)
 	slicesOnce     sync.Once
 }
 
@@ -197,6 +198,7 @@ func Serve(ctx context.Context, o Options) error {
 	// in systemd; the status reports the error.
 	rctx, rcancel := context.WithTimeout(ctx, startupReconcileTimeout)
 	d.cleanupOrphanRuns(rctx)
+	d.cleanupOrphanShells(rctx)
 	// Before the reconcile: interactive agents start only with a console.
 	d.ensureConsoles()
 	d.reconcile(rctx, "start")
@@ -237,6 +239,7 @@ func Serve(ctx context.Context, o Options) error {
 			sddaemon.SdNotify(false, sddaemon.SdNotifyStopping)
 			// Nobody would tear a run down otherwise.
 			d.stopRuns()
+			d.stopShells()
 			d.conn.ReleaseName(bus.Name)
 			wg.Wait()
 			d.log.Info("caged stopped")
@@ -374,6 +377,9 @@ func (d *Daemon) watchUnits(ctx context.Context, updates <-chan *sdbus.Propertie
 		case err := <-errs:
 			d.log.Warn("systemd subscription", "err", err)
 		case u := <-updates:
+			if d.shellUnitChanged(u.UnitName, changedState(u)) {
+				continue
+			}
 			agent, ok := agentOfUnit(u.UnitName)
 			if !ok {
 				continue

@@ -78,6 +78,16 @@ var (
 		Message: func(f map[string]string) string {
 			return fmt.Sprintf("throw-away cage %s finished with exit status %s", f["NIXCAGE_AGENT"], f["NIXCAGE_EXIT_STATUS"])
 		}}
+	ShellOpened = Kind{Name: "shell-opened", ID: "8d4c719d470640b58d43a5f01b617396", Signal: bus.SignalShellOpened,
+		Fields: []string{"NIXCAGE_AGENT", "NIXCAGE_BY", "NIXCAGE_COMMAND", "NIXCAGE_UNIT"}, Priority: journal.PriNotice,
+		Message: func(f map[string]string) string {
+			return fmt.Sprintf("shell opened in agent %s by %s: %s (unit %s)", f["NIXCAGE_AGENT"], f["NIXCAGE_BY"], f["NIXCAGE_COMMAND"], f["NIXCAGE_UNIT"])
+		}}
+	ShellClosed = Kind{Name: "shell-closed", ID: "cd64b66cc8f14dcf9e34f0fe2d104c18", Signal: bus.SignalShellClosed,
+		Fields: []string{"NIXCAGE_AGENT", "NIXCAGE_BY", "NIXCAGE_EXIT_STATUS", "NIXCAGE_UNIT"}, Priority: journal.PriNotice,
+		Message: func(f map[string]string) string {
+			return fmt.Sprintf("shell in agent %s by %s ended with exit status %s (unit %s)", f["NIXCAGE_AGENT"], f["NIXCAGE_BY"], f["NIXCAGE_EXIT_STATUS"], f["NIXCAGE_UNIT"])
+		}}
 	Reconciled = Kind{Name: "reconciled", ID: "04bff51dea2f4fe6b77ab30df1d0ecda", Signal: bus.SignalReconciled,
 		Fields: []string{"NIXCAGE_ERROR"}, Priority: journal.PriInfo,
 		Message: func(f map[string]string) string {
@@ -89,7 +99,7 @@ var (
 )
 
 // Kinds is every kind, in the order docs/fleet.md lists them.
-var Kinds = []Kind{AgentStateChanged, ReleaseApplied, ReleaseRefused, AgentQuarantined, AgentReleased, AgentKilled, EgressFailed, RunStarted, RunFinished, Reconciled}
+var Kinds = []Kind{AgentStateChanged, ReleaseApplied, ReleaseRefused, AgentQuarantined, AgentReleased, AgentKilled, EgressFailed, RunStarted, RunFinished, ShellOpened, ShellClosed, Reconciled}
 
 // Identifier is SYSLOG_IDENTIFIER of every event.
 const Identifier = "caged"
