@@ -155,6 +155,14 @@ let
       image = opt types.str "Container image (podman only).";
       autostart = opt types.bool "Start with nixcage.target (default true).";
       interactive = opt types.bool "Give the agent a terminal held by caged; `cagectl attach NAME` connects to it (default false).";
+      learn = opt types.bool "Learn mode: for learnFor after each start of the cage, requests outside the policy are allowed and flagged (audit rule learn), never private/metadata addresses, IP literals or denied names; `cagectl policy suggest` turns the run into a policy (docs/grants.md). Default false.";
+      learnFor = opt types.str "Length of the learn window, 1m to 24h (default 30m). Needs learn = true.";
+      approval = opt (types.submodule {
+        options = {
+          wait = opt types.str "How long a request outside the policy waits for `cagectl approve` (1s to 5m, default 30s).";
+          maxPending = opt types.ints.positive "Distinct requests waiting at once; more are refused at once (1 to 32, default 4).";
+        };
+      }) "Approval queue: requests outside the policy wait for an operator (docs/grants.md).";
       egress = opt types.str "Name of an egress policy: one of services.nixcage.egressPolicies or a shipped one (claude-code, codex, gemini, github, none). Default: the harness's policy, else \"none\" (deny all).";
       harness = opt types.str "A shipped harness scaffold (claude-code, codex, gemini; docs/harnesses.md): its policy, the variable its CLI reads the key from, its environment and the cage note. Checked by cagectl validate.";
       egressPolicy = opt (types.submodule policyModule) "An egress policy for this agent alone, instead of `egress`.";
@@ -244,6 +252,14 @@ in
         listen = opt types.str "Where caged serves Prometheus metrics: a loopback \"HOST:PORT\" or \"unix:/run/nixcage/NAME\" (default 127.0.0.1:9477).";
       };
     }) "Serve Prometheus metrics from caged (docs/fleet.md); off when null. Set to { } for the default address.";
+
+    channel = opt (types.submodule {
+      options = {
+        url = opt types.str "The release channel's base URL (http:// or https://; any static server, docs/fleet.md \"Channels\"). Required when the block is set.";
+        interval = opt types.str "How often caged polls the channel, a duration such as \"5m\" (default 5m, at least 1s); failures back off from it, with jitter.";
+        caFile = opt types.str "PEM CA bundle (a path on the host) that replaces the system's CAs for an https channel; default: the system's.";
+      };
+    }) "Poll a release channel for newer signed releases (docs/fleet.md); off when null. Needs services.nixcage.store.";
 
     settings = mkOption {
       type = types.submodule { freeformType = types.attrsOf jsonValue; };

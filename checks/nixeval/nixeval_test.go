@@ -463,6 +463,12 @@ func TestGoodDeclarations(t *testing.T) {
 				t.Errorf("the rendered config does not serve metrics on the default address:\n%s", b)
 			}
 		},
+		"learn-approval": func(t *testing.T, r result, model map[string]any) {
+			a := model["agent"].(map[string]any)["a"].(map[string]any)
+			if ap, ok := a["approval"].([]any); !ok || len(ap) != 1 || a["learn"] != true || a["learn_for"] != "10m" {
+				t.Errorf("learn and approval render %v", a)
+			}
+		},
 		"config-file":      func(t *testing.T, r result, model map[string]any) {},
 		"wildcard-inspect": func(t *testing.T, r result, model map[string]any) {},
 	}

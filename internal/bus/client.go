@@ -107,7 +107,7 @@ func (c *Client) Status(ctx context.Context) (*Status, error) {
 // slower for a thousand agents. Any mismatch falls back to dbus.Store.
 func decodeStatus(v any) (*Status, bool) {
 	f, ok := v.([]any)
-	if !ok || len(f) != 12 {
+	if !ok || len(f) != 13 {
 		return nil, false
 	}
 	st := &Status{}
@@ -142,13 +142,32 @@ func decodeStatus(v any) (*Status, bool) {
 			agents = append(agents, a)
 		}
 	}
+	cp, ok := f[12].([]any)
+	if !ok || len(cp) != 8 {
+		return nil, false
+	}
+	var okc [8]bool
+	c := &st.ChannelPoll
+	c.URL, okc[0] = cp[0].(string)
+	c.LastPollUnix, okc[1] = cp[1].(int64)
+	c.LastSuccessUnix, okc[2] = cp[2].(int64)
+	c.NextPollUnix, okc[3] = cp[3].(int64)
+	c.Published, okc[4] = cp[4].(uint64)
+	c.Lag, okc[5] = cp[5].(int64)
+	c.LastError, okc[6] = cp[6].(string)
+	c.Failures, okc[7] = cp[7].(uint32)
+	for _, b := range okc {
+		if !b {
+			return nil, false
+		}
+	}
 	st.Agents = make([]AgentStatus, len(agents))
 	for i, a := range agents {
-		if len(a) != 15 {
+		if len(a) != 16 {
 			return nil, false
 		}
 		as := &st.Agents[i]
-		var ok [15]bool
+		var ok [16]bool
 		as.Name, ok[0] = a[0].(string)
 		as.Backend, ok[1] = a[1].(string)
 		as.Unit, ok[2] = a[2].(string)
@@ -164,6 +183,7 @@ func decodeStatus(v any) (*Status, bool) {
 		as.Flagged, ok[12] = a[12].(uint64)
 		as.Blocked, ok[13] = a[13].(uint64)
 		as.RunBy, ok[14] = a[14].(string)
+		as.LearnUntilUnix, ok[15] = a[15].(int64)
 		for _, b := range ok {
 			if !b {
 				return nil, false
@@ -353,6 +373,12 @@ func decodeEvent(sig *dbus.Signal) (Event, bool) {
 		keys = []string{"agent", "by", "command", "unit"}
 	case SignalShellClosed:
 		keys = []string{"agent", "by", "exit_status", "unit"}
+	case SignalTurnStarted:
+		keys = []string{"agent", "by"}
+	case SignalTurnFinished:
+		keys = []string{"agent", "by", "status", "exit_status", "duration_ms"}
+	case SignalFileTransferred:
+		keys = []string{"agent", "op", "path", "bytes", "outcome", "by"}
 	default:
 		return Event{}, false
 	}

@@ -59,7 +59,7 @@ func AgentPath(agent string) dbus.ObjectPath {
 }
 
 // AgentStatus is one agent as the Manager reports it. Field order is the
-// wire order: (sssssssbbstttts).
+// wire order: (sssssssbbsttttsx).
 type AgentStatus struct {
 	Name             string `json:"name"`
 	Backend          string `json:"backend"`
@@ -82,6 +82,9 @@ type AgentStatus struct {
 	// RunBy is who started a throw-away cage (cagectl run); "" for a
 	// declared agent.
 	RunBy string `json:"run_by,omitempty"`
+	// LearnUntilUnix is the end of the cage's learn window (0: learn mode
+	// off or no window stamped); past it the policy applies again.
+	LearnUntilUnix int64 `json:"learn_until_unix,omitempty"`
 }
 
 // Status is the appliance and every agent.
@@ -102,6 +105,24 @@ type Status struct {
 	ReconciledUnix   int64         `json:"reconciled_unix"`
 	ReconcileError   string        `json:"reconcile_error,omitempty"`
 	Agents           []AgentStatus `json:"agents"`
+	// ChannelPoll is the release channel poller's state (URL "" when
+	// caged polls no channel).
+	ChannelPoll ChannelStatus `json:"channel_poll"`
+}
+
+// ChannelStatus is the pulled channel's state (docs/fleet.md "Status").
+type ChannelStatus struct {
+	URL             string `json:"url"`
+	LastPollUnix    int64  `json:"last_poll_unix"`    // 0: no poll finished yet
+	LastSuccessUnix int64  `json:"last_success_unix"` // 0: none succeeded
+	NextPollUnix    int64  `json:"next_poll_unix"`
+	// Published is the generation the channel's index named at the last
+	// poll that read it; Lag is Published minus the store's current
+	// generation (> 0: behind; < 0: the channel serves an older one).
+	Published uint64 `json:"published_generation"`
+	Lag       int64  `json:"lag"`
+	LastError string `json:"last_error,omitempty"`
+	Failures  uint32 `json:"failures"` // consecutive failed polls
 }
 
 // Generation is one kept store generation.
@@ -156,6 +177,8 @@ func (e *RemoteError) Is(target error) bool {
 		return e.Name == ErrorNoSuchAgent
 	case ErrIO:
 		return e.Name == ErrorIO
+	case ErrBusy:
+		return e.Name == ErrorBusy
 	case ErrUnavailable:
 		return e.Name == "org.freedesktop.DBus.Error.ServiceUnknown" ||
 			e.Name == "org.freedesktop.DBus.Error.NameHasNoOwner" ||

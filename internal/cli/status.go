@@ -100,6 +100,7 @@ func printStatus(env *Env, st *bus.Status) {
 	case "expiring":
 		fmt.Fprintf(env.Out, "store expiring: %s\n", st.FreshnessMessage)
 	}
+	printChannel(env, st)
 	if st.ReconcileError != "" {
 		fmt.Fprintf(env.Out, "last reconcile FAILED: %s\n", st.ReconcileError)
 	}
@@ -126,6 +127,13 @@ func printStatus(env *Env, st *bus.Status) {
 		if a.Quarantined {
 			note = append(note, "QUARANTINED: "+a.QuarantineReason)
 		}
+		if a.LearnUntilUnix != 0 {
+			if left := time.Until(time.Unix(a.LearnUntilUnix, 0)); left > 0 {
+				note = append(note, "LEARNING ("+left.Round(time.Second).String()+" left)")
+			} else {
+				note = append(note, "learn window over")
+			}
+		}
 		switch {
 		case a.RunBy != "":
 			note = append(note, "throw-away (cagectl run) by "+a.RunBy)
@@ -136,6 +144,12 @@ func printStatus(env *Env, st *bus.Status) {
 			a.Allowed, a.Flagged, a.Blocked, strings.Join(note, "; "))
 	}
 	tw.Flush()
+	for _, a := range st.Agents {
+		if until := time.Unix(a.LearnUntilUnix, 0); a.LearnUntilUnix != 0 && time.Now().Before(until) {
+			fmt.Fprintf(env.Out, "\nLEARNING: %s allows requests outside its policy, flagged (audit rule learn), until %s (%s left); then the policy applies again. `cagectl policy suggest %s` turns them into a policy.\n",
+				a.Name, until.UTC().Format(time.RFC3339), time.Until(until).Round(time.Second), a.Name)
+		}
+	}
 	for _, a := range st.Agents {
 		if a.Generation != 0 && st.Generation != 0 && a.Generation != st.Generation {
 			fmt.Fprintln(env.Out, "\n* runs an older store generation; restart the agent to use the current one")
@@ -149,4 +163,34 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// printChannel shows the pulled channel: what it publishes against what is
+// applied, when it was last polled, and why the last poll failed.
+func printChannel(env *Env, st *bus.Status) {
+	c := st.ChannelPoll
+	if c.URL == "" {
+		return
+	}
+	when := func(u int64) string {
+		if u == 0 {
+			return "never"
+		}
+		return time.Unix(u, 0).UTC().Format(time.RFC3339)
+	}
+	pub := "unknown"
+	switch {
+	case c.Published == 0:
+	case c.Lag == 0:
+		pub = fmt.Sprintf("%d (up to date)", c.Published)
+	case c.Lag > 0:
+		pub = fmt.Sprintf("%d (%d behind)", c.Published, c.Lag)
+	default:
+		pub = fmt.Sprintf("%d (older than current)", c.Published)
+	}
+	fmt.Fprintf(env.Out, "channel %s: published %s, last poll %s, last success %s, next poll %s\n",
+		c.URL, pub, when(c.LastPollUnix), when(c.LastSuccessUnix), when(c.NextPollUnix))
+	if c.LastError != "" {
+		fmt.Fprintf(env.Out, "channel poll FAILED (%d in a row): %s\n", c.Failures, c.LastError)
+	}
 }

@@ -14,6 +14,7 @@ type Config struct {
 	Store    *Store     // nil when no store block was declared
 	Evidence Evidence   // zero fields: the quarantine package's defaults
 	Metrics  *Metrics   // nil when no metrics block was declared (off)
+	Channel  *Channel   // nil when no channel block was declared (no polling)
 	// Policies are the declared named policies, used or not (cagectl run
 	// names them too), sorted by name.
 	Policies []policy.Policy
@@ -50,6 +51,26 @@ type Agent struct {
 	// InlinePolicy is set when the policy was declared inside the agent.
 	InlinePolicy bool
 	Secrets      []Secret
+	// Learn is learn mode (docs/grants.md), nil when off.
+	Learn *Learn
+	// Approval is the approval queue, nil when off.
+	Approval *Approval
+}
+
+// Learn: for For after each start of the cage, requests outside the policy
+// are allowed and flagged, within the address rules and deny lists.
+type Learn struct {
+	For time.Duration
+	// Deny are the shipped policies' deny lists, which learning never
+	// passes whatever the agent's policy is.
+	Deny []string
+}
+
+// Approval: a request outside the policy waits up to Wait for an
+// operator's decision; at most MaxPending wait at once per agent.
+type Approval struct {
+	Wait       time.Duration
+	MaxPending int
 }
 
 // Resources are the cgroup limits of the cage.
@@ -127,6 +148,18 @@ type Metrics struct {
 	// Listen is "HOST:PORT" with a loopback IP literal, or
 	// "unix:/run/nixcage/NAME" (DefaultMetricsListen).
 	Listen string
+}
+
+// Channel is the release channel caged polls (docs/fleet.md "Channels").
+type Channel struct {
+	// URL is the channel's base: http://, https:// or an absolute
+	// directory (a mounted channel).
+	URL string
+	// Interval between polls (DefaultChannelInterval); failures back off
+	// from it.
+	Interval time.Duration
+	// CAFile replaces the system's CA pool for https ("" = system's).
+	CAFile string
 }
 
 // Agent returns the agent called name, or nil.

@@ -16,6 +16,15 @@ type fileV1 struct {
 	Store    []storeV1     `hcl:"store,block"`
 	Evidence []evidenceV1  `hcl:"evidence,block"`
 	Metrics  []metricsV1   `hcl:"metrics,block"`
+	Channel  []channelV1   `hcl:"channel,block"`
+}
+
+// channelV1 makes caged poll a release channel (docs/fleet.md).
+type channelV1 struct {
+	Body     hcl.Body `hcl:",body"`
+	URL      string   `hcl:"url"`
+	Interval *string  `hcl:"interval,optional"`
+	CAFile   *string  `hcl:"ca_file,optional"`
 }
 
 // metricsV1 turns on caged's Prometheus endpoint.
@@ -45,9 +54,19 @@ type agentV1 struct {
 	Harness     *string           `hcl:"harness,optional"`
 	Autostart   *bool             `hcl:"autostart,optional"`
 	Interactive *bool             `hcl:"interactive,optional"`
+	Learn       *bool             `hcl:"learn,optional"`
+	LearnFor    *string           `hcl:"learn_for,optional"`
+	Approval    []approvalV1      `hcl:"approval,block"`
 	Inline      []policyV1        `hcl:"egress_policy,block"`
 	Resources   []resourcesV1     `hcl:"resources,block"`
 	Secrets     []secretV1        `hcl:"secret,block"`
+}
+
+// approvalV1 makes requests outside the policy wait for an operator.
+type approvalV1 struct {
+	Body       hcl.Body `hcl:",body"`
+	Wait       *string  `hcl:"wait,optional"`
+	MaxPending *int     `hcl:"max_pending,optional"`
 }
 
 type resourcesV1 struct {

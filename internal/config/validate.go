@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"github.com/nixcage/nixcage/internal/harness"
 	"net"
+	"net/url"
 	"path"
 	"path/filepath"
 	"regexp"
@@ -69,6 +70,13 @@ const (
 	// MetricsSocketDir is where a unix-socket metrics endpoint must live:
 	// caged's RuntimeDirectory=, the one place its unit may create it.
 	MetricsSocketDir = "/run/nixcage/"
+	// DefaultChannelInterval is how often caged polls its channel; a
+	// fleet of hosts polling a static server every 5 minutes is cheap
+	// (one index of a few hundred bytes each), and a release reaches
+	// every host within one interval (plus jitter).
+	DefaultChannelInterval = 5 * time.Minute
+	// MinChannelInterval is the shortest interval accepted.
+	MinChannelInterval = time.Second
 )
 
 type validator struct {
@@ -226,6 +234,11 @@ func (v *validator) build(files []*fileV1) *Config {
 		func(e *evidenceV1) { cfg.Evidence = v.evidence(e) })
 	onlyBlock(v, files, "metrics", func(f *fileV1) []metricsV1 { return f.Metrics }, func(m *metricsV1) hcl.Body { return m.Body },
 		func(m *metricsV1) { cfg.Metrics = v.metrics(m) })
+	chanBody := onlyBlock(v, files, "channel", func(f *fileV1) []channelV1 { return f.Channel }, func(c *channelV1) hcl.Body { return c.Body },
+		func(c *channelV1) { cfg.Channel = v.channel(c) })
+	if cfg.Channel != nil && cfg.Store == nil {
+		v.errorf(block(chanBody), "Channel without a store", "a channel block needs a store block: the store's channel, keys and threshold decide which releases from the channel are accepted. Add store { channel = ..., keys = [...] }.")
+	}
 	if cfg.Store != nil {
 		for _, a := range cfg.Agents {
 			if within(a.Workspace, cfg.Store.Root) {
@@ -370,6 +383,8 @@ func (v *validator) agent(a *agentV1) *Agent {
 		}
 		ag.Interactive = true
 	}
+	ag.Learn = v.learn(a)
+	ag.Approval = v.approval(a)
 	if len(a.Resources) > 1 {
 		v.errorf(block(a.Resources[1].Body), "Duplicate resources block", "agent %q has more than one resources block. Merge them.", a.Name)
 	}
@@ -875,6 +890,33 @@ func (v *validator) metrics(m *metricsV1) *Metrics {
 	return out
 }
 
+// channel checks the polled channel: where, how often, which CAs.
+func (v *validator) channel(c *channelV1) *Channel {
+	out := &Channel{URL: c.URL, Interval: DefaultChannelInterval}
+	rng := at(c.Body, "url")
+	if strings.HasPrefix(c.URL, "/") {
+		if path.Clean(c.URL) != c.URL {
+			v.errorf(rng, "Invalid channel URL", "channel: url = %q; write a clean absolute directory (no .., no trailing /) or an http(s):// URL.", c.URL)
+		}
+	} else if u, err := url.Parse(c.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Fragment != "" || u.Opaque != "" {
+		v.errorf(rng, "Invalid channel URL", "channel: url = %q; write the channel's base such as \"https://releases.example.org/nixcage/stable/\" (http or https, no #fragment), or an absolute directory.", c.URL)
+	}
+	if c.Interval != nil {
+		d, err := ParseDays(*c.Interval)
+		if err != nil || d < MinChannelInterval {
+			v.errorf(at(c.Body, "interval"), "Invalid channel interval", "channel: interval = %q; write a duration of at least %s such as \"5m\" (the default is %s).", *c.Interval, MinChannelInterval, DefaultChannelInterval)
+		}
+		out.Interval = d
+	}
+	if c.CAFile != nil {
+		out.CAFile = *c.CAFile
+		if v.checkAbsPath(at(c.Body, "ca_file"), "channel ca_file", *c.CAFile) && !strings.HasPrefix(c.URL, "https://") {
+			v.errorf(at(c.Body, "ca_file"), "CA file without https", "channel: ca_file is set but url %q is not https://; a CA file verifies an https server. Use an https URL or drop ca_file.", c.URL)
+		}
+	}
+	return out
+}
+
 // evidence checks the quarantine copy's bounds: each must be positive
 // (leave it out for the default).
 func (v *validator) evidence(e *evidenceV1) Evidence {
@@ -948,4 +990,55 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// learn validates learn and learn_for.
+func (v *validator) learn(a *agentV1) *Learn {
+	on := a.Learn != nil && *a.Learn
+	if a.LearnFor != nil && !on {
+		v.errorf(at(a.Body, "learn_for"), "learn_for without learn", "agent %q: learn_for = %q has no effect without learn = true. Add learn = true or remove learn_for.", a.Name, *a.LearnFor)
+		return nil
+	}
+	if !on {
+		return nil
+	}
+	l := &Learn{For: policy.DefaultLearnDuration, Deny: v.loader.BuiltinDenies()}
+	if a.LearnFor != nil {
+		d, err := time.ParseDuration(*a.LearnFor)
+		if err != nil || d < time.Minute || d > policy.MaxLearnDuration {
+			v.errorf(at(a.Body, "learn_for"), "Invalid learn_for", "agent %q: learn_for = %q; write a duration from 1m to %s, e.g. \"30m\" (learn mode is for a first run, not a policy).", a.Name, *a.LearnFor, policy.MaxLearnDuration)
+			return nil
+		}
+		l.For = d
+	}
+	return l
+}
+
+// approval validates the approval block.
+func (v *validator) approval(a *agentV1) *Approval {
+	if len(a.Approval) == 0 {
+		return nil
+	}
+	if len(a.Approval) > 1 {
+		v.errorf(block(a.Approval[1].Body), "Duplicate approval block", "agent %q has more than one approval block. Merge them.", a.Name)
+		return nil
+	}
+	b := a.Approval[0]
+	ap := &Approval{Wait: policy.DefaultApprovalWait, MaxPending: policy.DefaultMaxPending}
+	if b.Wait != nil {
+		d, err := time.ParseDuration(*b.Wait)
+		if err != nil || d < time.Second || d > policy.MaxApprovalWait {
+			v.errorf(at(b.Body, "wait"), "Invalid approval wait", "agent %q: approval wait = %q; write a duration from 1s to %s, e.g. \"30s\" (the agent's request is held open that long).", a.Name, *b.Wait, policy.MaxApprovalWait)
+			return nil
+		}
+		ap.Wait = d
+	}
+	if b.MaxPending != nil {
+		if *b.MaxPending < 1 || *b.MaxPending > policy.MaxMaxPending {
+			v.errorf(at(b.Body, "max_pending"), "Invalid approval max_pending", "agent %q: approval max_pending = %d; use 1 to %d requests waiting at once.", a.Name, *b.MaxPending, policy.MaxMaxPending)
+			return nil
+		}
+		ap.MaxPending = *b.MaxPending
+	}
+	return ap
 }

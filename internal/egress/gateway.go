@@ -95,6 +95,9 @@ type Gateway struct {
 	// grants are the time-bound grants in force (grants.go), swapped
 	// whole when the grants file changes; expiry is checked per decision.
 	grants atomic.Pointer[[]policy.Grant]
+	// learn is learn mode (learn.go), nil when off; its window's end is
+	// checked per decision.
+	learn atomic.Pointer[policy.Learning]
 }
 
 // New builds a gateway from a runtime document. Any inconsistency is an

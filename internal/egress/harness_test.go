@@ -271,6 +271,7 @@ type harness struct {
 	cagePool  *x509.CertPool
 	ph        map[string]string // secret name -> placeholder
 	stop      func()
+	cageNetns string // the network namespace startCage made, if any
 	logMu     sync.Mutex
 	logBuf    strings.Builder
 }

@@ -65,6 +65,7 @@ func block(status int, rule, format string, args ...any) *blockedErr {
 // the log. A tunnel's close record is never budgeted: its open record was
 // written and an open without a close reads as a crashed gateway.
 func (g *Gateway) logAudit(rec audit.Record) {
+	learned(&rec)
 	log := g.opts.Audit.Log
 	if rec.Decision == audit.Blocked && rec.Event != audit.EventClose {
 		log = func(r audit.Record) error { return g.opts.Audit.LogBudgeted(audit.ClassRefusal, r) }

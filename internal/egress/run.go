@@ -87,6 +87,9 @@ func runPrepare(args []string, stdio Stdio) error {
 		ca = "created"
 	}
 	fmt.Fprintf(stdio.Out, "prepared agent %s: CA %s in %s; placeholders for %d secrets\n", rt.Agent, ca, rt.CADir, len(res.Placeholders))
+	if !res.LearnUntil.IsZero() {
+		fmt.Fprintf(stdio.Out, "LEARN MODE for agent %s until %s: requests outside the policy will be allowed and flagged\n", rt.Agent, res.LearnUntil.UTC().Format(time.RFC3339))
+	}
 	return nil
 }
 
@@ -173,6 +176,17 @@ func runServe(ctx context.Context, args []string, stdio Stdio) error {
 		defer stopGrants()
 		go g.watchGrants(gctx, rt.GrantsFile)
 	}
+	// Learn mode's window was stamped by the prepare step; it is read
+	// once and announced before anything is served.
+	if l := g.loadLearning(rt); l != nil {
+		g.SetLearning(l)
+		lctx, stopLearn := context.WithCancel(ctx)
+		defer stopLearn()
+		go g.runLearning(lctx, l)
+	} else if rt.Learn != nil {
+		g.logAudit(audit.Record{Event: audit.EventLearn, Decision: audit.Blocked, Rule: policy.RuleLearn,
+			Reason: "learn mode is configured but its window could not be read (see the gateway's log); the policy applies"})
+	}
 	ls, err := listeners(f)
 	if err != nil {
 		return err
@@ -250,7 +264,7 @@ func reload(g *Gateway, path string) error {
 
 func (g *Gateway) dnsConfig() dnsfilter.Config {
 	st := g.st.Load()
-	return dnsfilter.Config{Policy: st.pol, Guard: st.guard, Grants: *g.grants.Load()}
+	return dnsfilter.Config{Policy: st.pol, Guard: st.guard, Grants: *g.grants.Load(), Learning: g.learn.Load()}
 }
 
 // loadCA finds the CA key: the LoadCredential= copy first, then CADir. With

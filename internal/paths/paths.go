@@ -126,6 +126,10 @@ func Runtime(agent string) string { return filepath.Join(RuntimeRoot, "cage", ag
 // read by its gateway, in the runtime directory only root can write.
 func GrantsFile(agent string) string { return filepath.Join(Runtime(agent), "grants.json") }
 
+// LearnFile is an agent's learn window: stamped by its prepare step (root)
+// at each start of the cage, read by its gateway and by caged (status).
+func LearnFile(agent string) string { return filepath.Join(Runtime(agent), "learn.json") }
+
 // ConsoleLink is where caged links the terminal it holds for an
 // interactive agent (a /dev/pts/N it made); the agent unit's TTYPath=.
 func ConsoleLink(agent string) string { return filepath.Join(RuntimeRoot, "console", agent) }

@@ -34,6 +34,8 @@ type Runtime struct {
 	// GrantsFile holds the time-bound grants caged writes (grants.go); the
 	// gateway watches it. Empty: no grants.
 	GrantsFile string `json:"grants_file,omitempty"`
+	// Learn turns on learn mode (learn.go); nil: off.
+	Learn *Learn `json:"learn,omitempty"`
 	// CADir holds ca.crt (0644) and ca.key (0600) for TLS interception.
 	CADir string `json:"ca_dir"`
 }
@@ -159,6 +161,11 @@ func Parse(data []byte) (*Runtime, error) {
 	}
 	for _, h := range append(append(append([]string{}, r.Policy.Allow...), r.Policy.Deny...), r.Policy.Inspect...) {
 		if err := CheckPattern(h); err != nil {
+			return nil, fmt.Errorf("egress config: %w", err)
+		}
+	}
+	if r.Learn != nil {
+		if err := r.Learn.Check(); err != nil {
 			return nil, fmt.Errorf("egress config: %w", err)
 		}
 	}
