@@ -373,6 +373,8 @@ func decodeEvent(sig *dbus.Signal) (Event, bool) {
 		keys = []string{"agent", "by", "command", "unit"}
 	case SignalShellClosed:
 		keys = []string{"agent", "by", "exit_status", "unit"}
+	case SignalRelayAction:
+		keys = []string{"agent", "actor", "action", "outcome", "detail", "by"}
 	case SignalTurnStarted:
 		keys = []string{"agent", "by"}
 	case SignalTurnFinished:

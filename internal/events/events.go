@@ -88,6 +88,15 @@ var (
 		Message: func(f map[string]string) string {
 			return fmt.Sprintf("shell in agent %s by %s ended with exit status %s (unit %s)", f["NIXCAGE_AGENT"], f["NIXCAGE_BY"], f["NIXCAGE_EXIT_STATUS"], f["NIXCAGE_UNIT"])
 		}}
+	RelayAction = Kind{Name: "relay-action", ID: "cd5ded8a21284dddaecf6d5b615730f5", Signal: bus.SignalRelayAction,
+		Fields: []string{"NIXCAGE_AGENT", "NIXCAGE_ACTOR", "NIXCAGE_ACTION", "NIXCAGE_OUTCOME", "NIXCAGE_DETAIL", "NIXCAGE_BY"}, Priority: journal.PriInfo,
+		Message: func(f map[string]string) string {
+			agent := f["NIXCAGE_AGENT"]
+			if agent == "" {
+				agent = "(no agent)"
+			}
+			return fmt.Sprintf("relay %s: %s %s on %s: %s", f["NIXCAGE_OUTCOME"], f["NIXCAGE_ACTOR"], f["NIXCAGE_ACTION"], agent, f["NIXCAGE_DETAIL"])
+		}}
 	LearnStarted = Kind{Name: "learn-started", ID: "28e2b179dd7f4467bcaec015d51ff676",
 		Fields: []string{"NIXCAGE_AGENT", "NIXCAGE_UNTIL"}, Priority: journal.PriWarning,
 		Message: func(f map[string]string) string {
@@ -149,7 +158,7 @@ var (
 )
 
 // Kinds is every kind, in the order docs/fleet.md lists them.
-var Kinds = []Kind{AgentStateChanged, ReleaseApplied, ReleaseRefused, AgentQuarantined, AgentReleased, AgentKilled, EgressFailed, RunStarted, RunFinished, ShellOpened, ShellClosed, Reconciled, ChannelPollFailed, LearnStarted, LearnEnded, ApprovalPending, ApprovalDecided,
+var Kinds = []Kind{AgentStateChanged, ReleaseApplied, ReleaseRefused, AgentQuarantined, AgentReleased, AgentKilled, EgressFailed, RunStarted, RunFinished, ShellOpened, ShellClosed, RelayAction, Reconciled, ChannelPollFailed, LearnStarted, LearnEnded, ApprovalPending, ApprovalDecided,
 	TurnStarted, TurnFinished, FileTransferred}
 
 // Identifier is SYSLOG_IDENTIFIER of every event.
