@@ -126,6 +126,7 @@ type Daemon struct {
 	// fetched, unverified (the consumer verifies them; docs/fleet.md).
 	controlFeed func(ctx context.Context, cmds []channel.Control)
 	consoles    map[string]*console
+	shells      map[string]*shell // open shells by unit (cagectl shell)
 	slicesOnce  sync.Once
 	ctl         controlState // signed control commands (control.go)
 }
@@ -203,6 +204,7 @@ func Serve(ctx context.Context, o Options) error {
 	// in systemd; the status reports the error.
 	rctx, rcancel := context.WithTimeout(ctx, startupReconcileTimeout)
 	d.cleanupOrphanRuns(rctx)
+	d.cleanupOrphanShells(rctx)
 	// Before the reconcile: interactive agents start only with a console.
 	d.ensureConsoles()
 	d.reconcile(rctx, "start")
@@ -248,6 +250,7 @@ func Serve(ctx context.Context, o Options) error {
 			sddaemon.SdNotify(false, sddaemon.SdNotifyStopping)
 			// Nobody would tear a run down otherwise.
 			d.stopRuns()
+			d.stopShells()
 			d.conn.ReleaseName(bus.Name)
 			wg.Wait()
 			d.log.Info("caged stopped")
@@ -385,6 +388,9 @@ func (d *Daemon) watchUnits(ctx context.Context, updates <-chan *sdbus.Propertie
 		case err := <-errs:
 			d.log.Warn("systemd subscription", "err", err)
 		case u := <-updates:
+			if d.shellUnitChanged(u.UnitName, changedState(u)) {
+				continue
+			}
 			agent, ok := agentOfUnit(u.UnitName)
 			if !ok {
 				continue
