@@ -369,6 +369,10 @@ func decodeEvent(sig *dbus.Signal) (Event, bool) {
 		keys = []string{"agent", "backend", "by"}
 	case SignalRunFinished:
 		keys = []string{"agent", "exit_status", "summary"}
+	case SignalShellOpened:
+		keys = []string{"agent", "by", "command", "unit"}
+	case SignalShellClosed:
+		keys = []string{"agent", "by", "exit_status", "unit"}
 	case SignalRelayAction:
 		keys = []string{"agent", "actor", "action", "outcome", "detail", "by"}
 	case SignalTurnStarted:

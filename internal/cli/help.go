@@ -171,6 +171,10 @@ var help = map[string]helpText{
 		long:     "Connects this terminal to the console caged holds for an interactive agent (interactive = true): what it printed while nobody was attached comes first, then your keys go to it and your window size follows. Ctrl-] detaches; the agent goes on and a later attach comes back. One terminal at a time: a new attach takes the console over. Operator role over the agent.",
 		examples: []string{"cagectl attach claude"},
 	},
+	"shell": {
+		long:     "Opens a shell (default /bin/sh, or COMMAND after --) inside a running cage, for debugging: as the agent's user, in its network namespace (no route), with its mounts, capabilities (none), seccomp filters and limits, never more. A terminal on stdin gets a real pty (window size, Ctrl-C), pipes otherwise; the shell's exit status is cagectl's. caged starts it as a transient unit of its own; opening and closing are events (shell-opened, shell-closed) naming who ran what. Service and nspawn cages; not podman. Admin role over the agent.",
+		examples: []string{"cagectl shell claude", "cagectl shell claude -- sh -c 'id; ls -la /workspace'"},
+	},
 	"store binds": {
 		long:     "What a cage start binds from the store: every path resolved inside the store, any link out of it refused. Prints SRC:DST lines (service) or nspawn/podman options. Reads only.",
 		examples: []string{"cagectl store binds", "cagectl store binds --for nspawn"},
