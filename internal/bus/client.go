@@ -369,6 +369,10 @@ func decodeEvent(sig *dbus.Signal) (Event, bool) {
 		keys = []string{"agent", "backend", "by"}
 	case SignalRunFinished:
 		keys = []string{"agent", "exit_status", "summary"}
+	case SignalApprovalPending:
+		keys = []string{"agent", "id", "host", "port", "method", "path", "since_unix", "expires_unix"}
+	case SignalApprovalDecided:
+		keys = []string{"agent", "id", "verdict", "by"}
 	default:
 		return Event{}, false
 	}

@@ -46,6 +46,7 @@ type Backend interface {
 	ConfigBackend
 	LogsBackend
 	GrantsBackend
+	ApprovalsBackend
 }
 
 // Backend errors the server maps to D-Bus error names.
@@ -667,6 +668,16 @@ var managerSignals = []introspect.Signal{
 	{Name: SignalEgressFailed, Args: []introspect.Arg{{Name: "agent", Type: "s"}, {Name: "reason", Type: "s"}, {Name: "recover", Type: "s"}}},
 	{Name: SignalRunStarted, Args: []introspect.Arg{{Name: "name", Type: "s"}, {Name: "backend", Type: "s"}, {Name: "by", Type: "s"}}},
 	{Name: SignalRunFinished, Args: []introspect.Arg{{Name: "name", Type: "s"}, {Name: "exit_status", Type: "i"}, {Name: "summary", Type: "s"}}},
+}
+
+// introspectSignal is a signal with "name:type" arguments.
+func introspectSignal(name string, args ...string) introspect.Signal {
+	sig := introspect.Signal{Name: name}
+	for _, a := range args {
+		n, t, _ := strings.Cut(a, ":")
+		sig.Args = append(sig.Args, introspect.Arg{Name: n, Type: t})
+	}
+	return sig
 }
 
 func (s *Server) introspect(path string) string {

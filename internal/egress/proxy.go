@@ -100,11 +100,12 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		g.refuse(w, r, rec, block(http.StatusBadRequest, "authority", "%v", err), start)
 		return
 	}
-	dec := g.decide(st, host, port, r.Method)
-	if dec.Result != policy.Allow {
-		g.refuse(w, r, rec, block(http.StatusForbidden, dec.Rule, "%s", dec.Reason), start)
+	dec, b := g.admit(r.Context(), st, g.decide(st, host, port, r.Method), host, port, r.Method, r.URL.Path)
+	if b != nil {
+		g.refuse(w, r, rec, b, start)
 		return
 	}
+	rec.Reason = approvedBy(dec)
 	rec.Rule = dec.Rule
 	dst, err := g.resolve(r.Context(), st, host, port)
 	if err != nil {
@@ -158,11 +159,12 @@ func (g *Gateway) handleConnect(w http.ResponseWriter, r *http.Request, st *stat
 			return
 		}
 	}
-	dec := g.decide(st, host, port, http.MethodConnect)
-	if dec.Result != policy.Allow {
-		g.refuse(w, r, rec, block(http.StatusForbidden, dec.Rule, "%s", dec.Reason), start)
+	dec, b := g.admit(r.Context(), st, g.decide(st, host, port, http.MethodConnect), host, port, http.MethodConnect, "")
+	if b != nil {
+		g.refuse(w, r, rec, b, start)
 		return
 	}
+	rec.Reason = approvedBy(dec)
 	rec.Rule = dec.Rule
 	if !st.limiter.allow(host) {
 		g.refuse(w, r, rec, block(http.StatusTooManyRequests, "rate-limit", "rate limit for %s exceeded", host), start)
