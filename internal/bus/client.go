@@ -373,6 +373,18 @@ func decodeEvent(sig *dbus.Signal) (Event, bool) {
 		keys = []string{"agent", "id", "host", "port", "method", "path", "since_unix", "expires_unix"}
 	case SignalApprovalDecided:
 		keys = []string{"agent", "id", "verdict", "by"}
+	case SignalShellOpened:
+		keys = []string{"agent", "by", "command", "unit"}
+	case SignalShellClosed:
+		keys = []string{"agent", "by", "exit_status", "unit"}
+	case SignalRelayAction:
+		keys = []string{"agent", "actor", "action", "outcome", "detail", "by"}
+	case SignalTurnStarted:
+		keys = []string{"agent", "by"}
+	case SignalTurnFinished:
+		keys = []string{"agent", "by", "status", "exit_status", "duration_ms"}
+	case SignalFileTransferred:
+		keys = []string{"agent", "op", "path", "bytes", "outcome", "by"}
 	default:
 		return Event{}, false
 	}

@@ -177,6 +177,8 @@ func (e *RemoteError) Is(target error) bool {
 		return e.Name == ErrorNoSuchAgent
 	case ErrIO:
 		return e.Name == ErrorIO
+	case ErrBusy:
+		return e.Name == ErrorBusy
 	case ErrUnavailable:
 		return e.Name == "org.freedesktop.DBus.Error.ServiceUnknown" ||
 			e.Name == "org.freedesktop.DBus.Error.NameHasNoOwner" ||

@@ -125,6 +125,9 @@ func Canonical(cfg *Config) ([]byte, error) {
 	if cfg.Metrics != nil {
 		doc["metrics"] = map[string]any{"listen": cfg.Metrics.Listen}
 	}
+	if r := cfg.Relay; r != nil {
+		doc["relay"] = canonRelay(r)
+	}
 	if c := cfg.Channel; c != nil {
 		m := map[string]any{"url": c.URL, "interval": c.Interval.String()}
 		if c.CAFile != "" {

@@ -14,6 +14,7 @@ type Config struct {
 	Store    *Store     // nil when no store block was declared
 	Evidence Evidence   // zero fields: the quarantine package's defaults
 	Metrics  *Metrics   // nil when no metrics block was declared (off)
+	Relay    *Relay     // nil when no relay block was declared (no chat relay)
 	Channel  *Channel   // nil when no channel block was declared (no polling)
 	// Policies are the declared named policies, used or not (cagectl run
 	// names them too), sorted by name.

@@ -234,6 +234,8 @@ func (v *validator) build(files []*fileV1) *Config {
 		func(e *evidenceV1) { cfg.Evidence = v.evidence(e) })
 	onlyBlock(v, files, "metrics", func(f *fileV1) []metricsV1 { return f.Metrics }, func(m *metricsV1) hcl.Body { return m.Body },
 		func(m *metricsV1) { cfg.Metrics = v.metrics(m) })
+	onlyBlock(v, files, "relay", func(f *fileV1) []relayV1 { return f.Relay }, func(r *relayV1) hcl.Body { return r.Body },
+		func(r *relayV1) { cfg.Relay = v.relay(r, cfg) })
 	chanBody := onlyBlock(v, files, "channel", func(f *fileV1) []channelV1 { return f.Channel }, func(c *channelV1) hcl.Body { return c.Body },
 		func(c *channelV1) { cfg.Channel = v.channel(c) })
 	if cfg.Channel != nil && cfg.Store == nil {
@@ -685,6 +687,9 @@ func (v *validator) resolvePolicy(name string, p *policyV1) *resolvedPolicy {
 	}
 	if p.UnsafeAllowPrivateUpstreams != nil {
 		out.UnsafeAllowPrivateUpstreams = *p.UnsafeAllowPrivateUpstreams
+	}
+	if p.UnsafeBenchIPLiterals != nil {
+		v.errorf(at(p.Body, "unsafe_bench_ip_literals"), "Bench-only setting", "egress_policy %q: unsafe_bench_ip_literals is not a policy setting: IP-literal destinations exist only as cage-egress --unsafe-bench-ip-literals for bench/egress/run.sh, which the rendered units never pass and which refuses to run under systemd. Remove it; allow the host's name instead.", name)
 	}
 	creds := map[string]credentialV1{}
 	for _, c := range p.Credentials {

@@ -126,6 +126,7 @@ type Daemon struct {
 	// fetched, unverified (the consumer verifies them; docs/fleet.md).
 	controlFeed func(ctx context.Context, cmds []channel.Control)
 	consoles    map[string]*console
+	shells      map[string]*shell // open shells by unit (cagectl shell)
 	slicesOnce  sync.Once
 }
 
@@ -202,6 +203,7 @@ func Serve(ctx context.Context, o Options) error {
 	// in systemd; the status reports the error.
 	rctx, rcancel := context.WithTimeout(ctx, startupReconcileTimeout)
 	d.cleanupOrphanRuns(rctx)
+	d.cleanupOrphanShells(rctx)
 	// Before the reconcile: interactive agents start only with a console.
 	d.ensureConsoles()
 	d.reconcile(rctx, "start")
@@ -244,6 +246,7 @@ func Serve(ctx context.Context, o Options) error {
 			sddaemon.SdNotify(false, sddaemon.SdNotifyStopping)
 			// Nobody would tear a run down otherwise.
 			d.stopRuns()
+			d.stopShells()
 			d.conn.ReleaseName(bus.Name)
 			wg.Wait()
 			d.log.Info("caged stopped")
@@ -381,6 +384,9 @@ func (d *Daemon) watchUnits(ctx context.Context, updates <-chan *sdbus.Propertie
 		case err := <-errs:
 			d.log.Warn("systemd subscription", "err", err)
 		case u := <-updates:
+			if d.shellUnitChanged(u.UnitName, changedState(u)) {
+				continue
+			}
 			agent, ok := agentOfUnit(u.UnitName)
 			if !ok {
 				continue

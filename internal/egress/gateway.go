@@ -78,6 +78,11 @@ type Options struct {
 	Audit         *audit.Logger
 	CA            *ca.Authority
 	Log           *slog.Logger
+	// UnsafeBenchIPLiterals lets a CONNECT name an IP literal, decided on
+	// the TLS SNI name instead (bench/egress/run.sh's ip rows). Set only by
+	// cage-egress --unsafe-bench-ip-literals, which refuses to run under
+	// systemd; no configuration document can set it (docs/egress.md).
+	UnsafeBenchIPLiterals bool
 }
 
 // Gateway is one agent's egress gateway.

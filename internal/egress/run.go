@@ -95,6 +95,7 @@ func runPrepare(args []string, stdio Stdio) error {
 
 type serveFlags struct {
 	config, listenProxy, listenDNS, resolver, upstreamCA, logLevel string
+	unsafeBenchIPLiterals                                          bool
 }
 
 func runServe(ctx context.Context, args []string, stdio Stdio) error {
@@ -106,7 +107,11 @@ func runServe(ctx context.Context, args []string, stdio Stdio) error {
 	fs.StringVar(&f.resolver, "resolver", "", "upstream DNS server host:port (default: first nameserver in /etc/resolv.conf)")
 	fs.StringVar(&f.upstreamCA, "upstream-ca", "", "PEM file of extra roots trusted for intercepted upstreams")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.BoolVar(&f.unsafeBenchIPLiterals, "unsafe-bench-ip-literals", false, "bench only: admit CONNECT to an IP literal, deciding on its TLS SNI (refused under systemd)")
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := checkBenchSwitch(f.unsafeBenchIPLiterals); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -166,6 +171,8 @@ func runServe(ctx context.Context, args []string, stdio Stdio) error {
 		Audit:          al,
 		CA:             authority,
 		Log:            log,
+
+		UnsafeBenchIPLiterals: f.unsafeBenchIPLiterals,
 	})
 	if err != nil {
 		return err
@@ -225,6 +232,9 @@ func runServe(ctx context.Context, args []string, stdio Stdio) error {
 		dnsServers = append(dnsServers, s)
 		go func() { errc <- s.ActivateAndServe() }()
 	}
+	if f.unsafeBenchIPLiterals {
+		log.Warn("--unsafe-bench-ip-literals: CONNECT to IP literals admitted, decided on the TLS SNI (bench only)")
+	}
 	log.Info("cage-egress serving", "agent", rt.Agent, "proxy", addrs(ls.proxy), "dns", addrs(ls.dnsTCP), "dns_udp", len(ls.dnsUDP), "resolver", resolverAddr)
 	_, _ = daemon.SdNotify(false, daemon.SdNotifyReady)
 
@@ -255,6 +265,20 @@ func runServe(ctx context.Context, args []string, stdio Stdio) error {
 			}
 		}
 	}
+}
+
+// checkBenchSwitch refuses --unsafe-bench-ip-literals where a cage's
+// gateway runs: under systemd or socket-activated. The rendered units never
+// pass it; this makes a hand-edited ExecStart= fail to start, not weaken
+// the cage.
+func checkBenchSwitch(on bool) error {
+	if !on {
+		return nil
+	}
+	if audit.UnderSystemd() || os.Getenv("LISTEN_FDS") != "" {
+		return errors.New("--unsafe-bench-ip-literals is for bench/egress/run.sh only and is refused under systemd or socket activation; remove it from the command line")
+	}
+	return nil
 }
 
 func reload(g *Gateway, path string) error {

@@ -57,7 +57,7 @@ const (
 // agent. caged sends each only to subscribed callers allowed to view that
 // agent, and the rendered bus policy lets only root and the declared
 // accounts receive them at all.
-var BusAuditSignals = []string{"EgressDecision", "AgentQuarantined", "AgentReleased", "AgentKilled", "ApprovalPending", "ApprovalDecided"}
+var BusAuditSignals = []string{"EgressDecision", "AgentQuarantined", "AgentReleased", "AgentKilled", "RelayAction", "ApprovalPending", "ApprovalDecided"}
 
 // Unit names. Templates are instantiated with the agent name.
 const (
@@ -70,6 +70,24 @@ const (
 	DNSSocketTpl   = "cage-egress-dns@.socket"
 	EgressTemplate = "cage-egress@.service"
 	AgentTemplate  = "nixcage-agent@.service"
+	RelayUnit      = "cage-relay.service"
+)
+
+// The chat relay (cage-relay, docs/relay.md). It runs as a fixed system
+// user, not a name systemd makes up at start: caged identifies callers by
+// uid and name through the passwd database, and a DynamicUser= name is
+// visible only through nss-systemd, which a Go binary built without cgo
+// (os/user reads /etc/passwd) does not consult. With the user declared
+// (sysusers.d or NixOS users.users), DynamicUser=yes still applies its
+// sandbox and uses that user.
+const (
+	RelayUser = "cage-relay"
+	// RelayConfig is the relay's runtime document, under the prefix.
+	RelayConfig = "nixcage/relay.json"
+	// RelaySysusers declares RelayUser, under the prefix.
+	RelaySysusers = "sysusers.d/cage-relay.conf"
+	// RelayTokenCredential is the LoadCredential= name of the bot token.
+	RelayTokenCredential = "telegram-token"
 )
 
 // Instance turns "name@.suffix" into "name@agent.suffix".

@@ -137,6 +137,11 @@ type Secret struct {
 	Header string `json:"header"`
 }
 
+// BenchOnlyIPLiterals is the name a document might give the bench-only
+// IP-literal switch; Parse refuses it by name (it is a cage-egress flag
+// that refuses to run under systemd, never part of a policy).
+const BenchOnlyIPLiterals = "unsafe_bench_ip_literals"
+
 // Load reads and checks a runtime document. A gateway refuses to start on a
 // document it cannot fully trust: fail closed.
 func Load(path string) (*Runtime, error) {
@@ -153,6 +158,9 @@ func Parse(data []byte) (*Runtime, error) {
 	dec.DisallowUnknownFields()
 	var r Runtime
 	if err := dec.Decode(&r); err != nil {
+		if strings.Contains(err.Error(), `unknown field "`+BenchOnlyIPLiterals+`"`) {
+			return nil, fmt.Errorf("parse egress config: %s is no setting of a runtime document: IP-literal destinations exist only as cage-egress --unsafe-bench-ip-literals, for bench/egress/run.sh (%w)", BenchOnlyIPLiterals, err)
+		}
 		return nil, fmt.Errorf("parse egress config: %w", err)
 	}
 	if r.Schema != Schema {
