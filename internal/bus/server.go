@@ -47,6 +47,7 @@ type Backend interface {
 	LogsBackend
 	GrantsBackend
 	ApprovalsBackend
+	ControlBackend
 }
 
 // Backend errors the server maps to D-Bus error names.

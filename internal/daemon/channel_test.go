@@ -162,6 +162,9 @@ store {
 			return st.ChannelPoll.Published == 3 && st.ChannelPoll.Failures >= 1 && strings.Contains(st.ChannelPoll.LastError, "/nix/store/")
 		})
 		t.Logf("%s: broken download: %s", h.name, st.ChannelPoll.LastError)
+		if !strings.Contains(st.ChannelPoll.LastError, "fetch nar of") || strings.Contains(st.ChannelPoll.LastError, "release refused") {
+			t.Fatalf("%s: a broken download reported as %q, want a fetch failure (not a refusal of the release)", h.name, st.ChannelPoll.LastError)
+		}
 		if st.Generation != 2 || currentOf(h) != "generations/2" {
 			t.Fatalf("%s after a broken download: generation %d, current %s", h.name, st.Generation, currentOf(h))
 		}
