@@ -46,6 +46,7 @@ type Backend interface {
 	ConfigBackend
 	LogsBackend
 	GrantsBackend
+	ControlBackend
 }
 
 // Backend errors the server maps to D-Bus error names.

@@ -128,6 +128,7 @@ type Daemon struct {
 	consoles    map[string]*console
 	shells      map[string]*shell // open shells by unit (cagectl shell)
 	slicesOnce  sync.Once
+	ctl         controlState // signed control commands (control.go)
 }
 
 // Serve runs caged with o until ctx ends.
@@ -221,6 +222,9 @@ func Serve(ctx context.Context, o Options) error {
 	wg.Add(6)
 	go func() { defer wg.Done(); d.watchCages(ctx) }()
 	go func() { defer wg.Done(); d.serveMetrics(ctx) }()
+	// The channel's control feed goes through the same pipeline as
+	// `cagectl control apply` (control.go).
+	d.controlFeed = d.applyChannelControls
 	go func() { defer wg.Done(); d.runChannel(ctx) }()
 	go func() { defer wg.Done(); d.audit.run(ctx) }()
 	go func() { defer wg.Done(); d.watchdog(ctx) }()

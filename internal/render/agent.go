@@ -42,6 +42,7 @@ func Runtime(a *config.Agent) *policy.Runtime {
 		AgentEnvFile:    filepath.Join(rt, "agent.env"),
 		ResolvConf:      filepath.Join(rt, "resolv.conf"),
 		GrantsFile:      paths.GrantsFile(a.Name),
+		BansFile:        paths.BansFile,
 		CADir:           paths.EgressState(a.Name),
 	}
 }
