@@ -273,6 +273,20 @@ func TestShellOnSystemd(t *testing.T) {
 		t.Errorf("a shell whose agent stopped: %v after %s; want exit 143 (SIGTERM) at once", err, time.Since(t0))
 	}
 
+	// caged restarting closes its shells first; cagectl says so, exit 4.
+	across := m.Command(ctx, "timeout", "60", "cagectl", "shell", "svc", "--", "sleep", "600")
+	var acrossErr lockedBuffer
+	across.Stderr = &acrossErr
+	if err := across.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("a shell unit running", func() bool { return activeShells("nixcage-shell-svc-*") != "" })
+	sh("systemctl restart nixcage-caged.service")
+	err = across.Wait()
+	if !errors.As(err, &ee) || ee.ExitCode() != 4 || !strings.Contains(acrossErr.String(), "caged stopped or restarted while the shell") {
+		t.Errorf("cagectl shell across a caged restart: %v, stderr %q; want exit 4 and the reason", err, acrossErr.String())
+	}
+
 	// Nothing of any shell is left.
 	if left := sh("ls -d /run/systemd/system/nixcage-shell-* 2>/dev/null || true; systemctl list-units --all --no-legend --plain 'nixcage-shell-*' || true"); strings.TrimSpace(left) != "" {
 		t.Errorf("left after the shells:\n%s", left)
