@@ -65,6 +65,10 @@ let
     # A list of one block: an empty block (the default listen) must not be
     # dropped by clean, or metrics would silently stay off.
     metrics = lib.mapNullable (m: [ (clean { inherit (m) listen; }) ]) cfg.metrics;
+    channel = lib.mapNullable (c: clean {
+      inherit (c) url interval;
+      ca_file = c.caFile;
+    }) cfg.channel;
   };
 in
 {

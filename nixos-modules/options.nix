@@ -245,6 +245,14 @@ in
       };
     }) "Serve Prometheus metrics from caged (docs/fleet.md); off when null. Set to { } for the default address.";
 
+    channel = opt (types.submodule {
+      options = {
+        url = opt types.str "The release channel's base URL (http:// or https://; any static server, docs/fleet.md \"Channels\"). Required when the block is set.";
+        interval = opt types.str "How often caged polls the channel, a duration such as \"5m\" (default 5m, at least 1s); failures back off from it, with jitter.";
+        caFile = opt types.str "PEM CA bundle (a path on the host) that replaces the system's CAs for an https channel; default: the system's.";
+      };
+    }) "Poll a release channel for newer signed releases (docs/fleet.md); off when null. Needs services.nixcage.store.";
+
     settings = mkOption {
       type = types.submodule { freeformType = types.attrsOf jsonValue; };
       default = { };

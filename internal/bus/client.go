@@ -107,7 +107,7 @@ func (c *Client) Status(ctx context.Context) (*Status, error) {
 // slower for a thousand agents. Any mismatch falls back to dbus.Store.
 func decodeStatus(v any) (*Status, bool) {
 	f, ok := v.([]any)
-	if !ok || len(f) != 12 {
+	if !ok || len(f) != 13 {
 		return nil, false
 	}
 	st := &Status{}
@@ -140,6 +140,25 @@ func decodeStatus(v any) (*Status, bool) {
 				return nil, false
 			}
 			agents = append(agents, a)
+		}
+	}
+	cp, ok := f[12].([]any)
+	if !ok || len(cp) != 8 {
+		return nil, false
+	}
+	var okc [8]bool
+	c := &st.ChannelPoll
+	c.URL, okc[0] = cp[0].(string)
+	c.LastPollUnix, okc[1] = cp[1].(int64)
+	c.LastSuccessUnix, okc[2] = cp[2].(int64)
+	c.NextPollUnix, okc[3] = cp[3].(int64)
+	c.Published, okc[4] = cp[4].(uint64)
+	c.Lag, okc[5] = cp[5].(int64)
+	c.LastError, okc[6] = cp[6].(string)
+	c.Failures, okc[7] = cp[7].(uint32)
+	for _, b := range okc {
+		if !b {
+			return nil, false
 		}
 	}
 	st.Agents = make([]AgentStatus, len(agents))

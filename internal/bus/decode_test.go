@@ -27,7 +27,8 @@ func wire(t testing.TB, st Status) *dbus.Message {
 }
 
 func sampleStatus(n int) Status {
-	st := Status{Version: "v", Mode: "render", Config: "/c", Generation: 3, Channel: "stable", GenerationExpiresUnix: 9, Freshness: "expiring", FreshnessMessage: "m", StartedUnix: 5, ReconciledUnix: 6, ReconcileError: "e"}
+	st := Status{Version: "v", Mode: "render", Config: "/c", Generation: 3, Channel: "stable", GenerationExpiresUnix: 9, Freshness: "expiring", FreshnessMessage: "m", StartedUnix: 5, ReconciledUnix: 6, ReconcileError: "e",
+		ChannelPoll: ChannelStatus{URL: "https://c/", LastPollUnix: 7, LastSuccessUnix: 8, NextPollUnix: 10, Published: 4, Lag: 1, LastError: "x", Failures: 2}}
 	for i := 0; i < n; i++ {
 		st.Agents = append(st.Agents, AgentStatus{Name: fmt.Sprintf("a%d", i), Backend: "service", Unit: "u", LoadState: "loaded",
 			ActiveState: "active", SubState: "running", EgressState: "active", Autostart: i%2 == 0, Quarantined: i%3 == 0,

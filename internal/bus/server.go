@@ -111,6 +111,15 @@ func (s *Server) Export(mp ManagerProps) error {
 		// "expired": a monitor watches these for a frozen channel.
 		"GenerationExpires": {Value: int64(0), Emit: prop.EmitTrue},
 		"Freshness":         {Value: "none", Emit: prop.EmitTrue},
+		// The pulled channel (docs/fleet.md "Status"): a monitor watches
+		// ChannelError and ChannelLastSuccess for a host that stopped
+		// following its channel.
+		"ChannelURL":         {Value: "", Emit: prop.EmitTrue},
+		"ChannelLastPoll":    {Value: int64(0), Emit: prop.EmitTrue},
+		"ChannelLastSuccess": {Value: int64(0), Emit: prop.EmitTrue},
+		"ChannelPublished":   {Value: uint64(0), Emit: prop.EmitTrue},
+		"ChannelLag":         {Value: int64(0), Emit: prop.EmitTrue},
+		"ChannelError":       {Value: "", Emit: prop.EmitTrue},
 	}})
 	if err != nil {
 		return fmt.Errorf("export properties: %w", err)
@@ -150,6 +159,16 @@ func (s *Server) SetManager(generation uint64, channel, reconcileErr string) {
 func (s *Server) SetFreshness(expiresUnix int64, freshness string) {
 	setIfChanged(s.mgrProps, ManagerIface, "GenerationExpires", expiresUnix)
 	setIfChanged(s.mgrProps, ManagerIface, "Freshness", freshness)
+}
+
+// SetChannel updates the pulled channel's properties.
+func (s *Server) SetChannel(c ChannelStatus) {
+	setIfChanged(s.mgrProps, ManagerIface, "ChannelURL", c.URL)
+	setIfChanged(s.mgrProps, ManagerIface, "ChannelLastPoll", c.LastPollUnix)
+	setIfChanged(s.mgrProps, ManagerIface, "ChannelLastSuccess", c.LastSuccessUnix)
+	setIfChanged(s.mgrProps, ManagerIface, "ChannelPublished", c.Published)
+	setIfChanged(s.mgrProps, ManagerIface, "ChannelLag", c.Lag)
+	setIfChanged(s.mgrProps, ManagerIface, "ChannelError", c.LastError)
 }
 
 func setIfChanged(p *prop.Properties, iface, name string, v any) {

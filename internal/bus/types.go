@@ -102,6 +102,24 @@ type Status struct {
 	ReconciledUnix   int64         `json:"reconciled_unix"`
 	ReconcileError   string        `json:"reconcile_error,omitempty"`
 	Agents           []AgentStatus `json:"agents"`
+	// ChannelPoll is the release channel poller's state (URL "" when
+	// caged polls no channel).
+	ChannelPoll ChannelStatus `json:"channel_poll"`
+}
+
+// ChannelStatus is the pulled channel's state (docs/fleet.md "Status").
+type ChannelStatus struct {
+	URL             string `json:"url"`
+	LastPollUnix    int64  `json:"last_poll_unix"`    // 0: no poll finished yet
+	LastSuccessUnix int64  `json:"last_success_unix"` // 0: none succeeded
+	NextPollUnix    int64  `json:"next_poll_unix"`
+	// Published is the generation the channel's index named at the last
+	// poll that read it; Lag is Published minus the store's current
+	// generation (> 0: behind; < 0: the channel serves an older one).
+	Published uint64 `json:"published_generation"`
+	Lag       int64  `json:"lag"`
+	LastError string `json:"last_error,omitempty"`
+	Failures  uint32 `json:"failures"` // consecutive failed polls
 }
 
 // Generation is one kept store generation.

@@ -127,6 +127,10 @@ var help = map[string]helpText{
 		long:     "Copies a closure from the local Nix store into a Nix binary cache directory and signs a manifest naming the channel, generation, expiry, top-level path and every closure member. Generations must increase on a channel.",
 		examples: []string{"cagectl release create $(nix-build -A tools) --key /root/keys/release.key --channel stable --generation 42 --expires 30d --out /srv/releases/42"},
 	},
+	"release publish": {
+		long:     "Verifies a release as every host will (signatures against the given keys, every NAR re-hashed), then lays it out in a channel directory that a static web server serves: the closure's cache files first, releases/<generation>/ next, channel.json last (atomically replaced). Refuses a generation not above the channel's and a cache file that exists with other bytes. caged polls the channel (docs/fleet.md).",
+		examples: []string{"cagectl release publish /tmp/rel43 --to /srv/www/nixcage/stable --key release.pub"},
+	},
 	"release verify": {
 		long:     "Everything caged checks before accepting a release, offline: signatures against the given keys (k-of-n with --threshold), channel, generation, expiry, and every NAR re-hashed.",
 		examples: []string{"cagectl release verify /srv/releases/42 --key release.pub --channel stable"},

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nixcage/nixcage/internal/channel"
 	"github.com/nixcage/nixcage/internal/release"
 )
 
@@ -17,6 +18,12 @@ func init() {
 		args:  "STOREPATH --key K --channel C --generation N --expires D --out DIR",
 		short: "copy a closure from the local Nix store into a signed release",
 		run:   runReleaseCreate,
+	})
+	register(&command{
+		name:  "release publish",
+		args:  "DIR --to CHANNELDIR --key PUB [--threshold N]",
+		short: "verify a release and lay it out in a channel directory (docs/fleet.md)",
+		run:   runReleasePublish,
 	})
 	register(&command{
 		name:  "release verify",
@@ -125,5 +132,44 @@ func runReleaseVerify(ctx context.Context, env *Env, args []string) error {
 	m := rel.Manifest
 	fmt.Fprintf(env.Out, "ok: channel %s generation %d, %s, %d paths (%s) re-hashed, expires %s\n",
 		m.Channel, m.Generation, m.Top, len(m.Paths), mib(size), m.Expires.Format(time.RFC3339))
+	return nil
+}
+
+// runReleasePublish verifies a release as a host would (signatures with
+// the keys given, every NAR re-hashed) and only then lays it out in the
+// channel directory, index last (channel.Publish).
+func runReleasePublish(ctx context.Context, env *Env, args []string) error {
+	fl := newFlags(env, "release publish")
+	var keys listFlag
+	fl.Var(&keys, "key", "public key `PEM` the hosts trust (repeatable); the release is verified with them first")
+	threshold := fl.Int("threshold", 1, "distinct trusted keys that must have signed")
+	to := fl.String("to", "", "channel `DIR` (what the web server serves)")
+	pos, err := parseFlags(fl, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 || *to == "" || len(keys) == 0 {
+		return usageError("usage: cagectl release publish DIR --to CHANNELDIR --key PUB [--key PUB...] [--threshold N]")
+	}
+	pubs, err := release.LoadPublicKeys(keys)
+	if err != nil {
+		return failure(err)
+	}
+	rel, err := release.Open(ctx, release.DirSource(pos[0]), release.Policy{Keys: pubs, Threshold: *threshold})
+	if err != nil {
+		return failure(err)
+	}
+	if err := rel.CheckCacheInfo(ctx); err != nil {
+		return failure(err)
+	}
+	if _, err := rel.VerifyAll(ctx, runtime.GOMAXPROCS(0)); err != nil {
+		return failure(err)
+	}
+	p, err := channel.Publish(ctx, pos[0], *to)
+	if err != nil {
+		return failure(err)
+	}
+	fmt.Fprintf(env.Out, "published channel %s generation %d (was %d) in %s: %d cache files written, %d already there\n",
+		p.Channel, p.Generation, p.Previous, *to, p.Copied, p.Present)
 	return nil
 }

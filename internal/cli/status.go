@@ -100,6 +100,7 @@ func printStatus(env *Env, st *bus.Status) {
 	case "expiring":
 		fmt.Fprintf(env.Out, "store expiring: %s\n", st.FreshnessMessage)
 	}
+	printChannel(env, st)
 	if st.ReconcileError != "" {
 		fmt.Fprintf(env.Out, "last reconcile FAILED: %s\n", st.ReconcileError)
 	}
@@ -149,4 +150,34 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// printChannel shows the pulled channel: what it publishes against what is
+// applied, when it was last polled, and why the last poll failed.
+func printChannel(env *Env, st *bus.Status) {
+	c := st.ChannelPoll
+	if c.URL == "" {
+		return
+	}
+	when := func(u int64) string {
+		if u == 0 {
+			return "never"
+		}
+		return time.Unix(u, 0).UTC().Format(time.RFC3339)
+	}
+	pub := "unknown"
+	switch {
+	case c.Published == 0:
+	case c.Lag == 0:
+		pub = fmt.Sprintf("%d (up to date)", c.Published)
+	case c.Lag > 0:
+		pub = fmt.Sprintf("%d (%d behind)", c.Published, c.Lag)
+	default:
+		pub = fmt.Sprintf("%d (older than current)", c.Published)
+	}
+	fmt.Fprintf(env.Out, "channel %s: published %s, last poll %s, last success %s, next poll %s\n",
+		c.URL, pub, when(c.LastPollUnix), when(c.LastSuccessUnix), when(c.NextPollUnix))
+	if c.LastError != "" {
+		fmt.Fprintf(env.Out, "channel poll FAILED (%d in a row): %s\n", c.Failures, c.LastError)
+	}
 }

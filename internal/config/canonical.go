@@ -118,6 +118,13 @@ func Canonical(cfg *Config) ([]byte, error) {
 	if cfg.Metrics != nil {
 		doc["metrics"] = map[string]any{"listen": cfg.Metrics.Listen}
 	}
+	if c := cfg.Channel; c != nil {
+		m := map[string]any{"url": c.URL, "interval": c.Interval.String()}
+		if c.CAFile != "" {
+			m["ca_file"] = c.CAFile
+		}
+		doc["channel"] = m
+	}
 	b, err := json.MarshalIndent(doc, "", "  ")
 	if err != nil {
 		return nil, err

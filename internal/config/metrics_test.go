@@ -37,14 +37,7 @@ func TestMetricsBlock(t *testing.T) {
 		if got != tc.want {
 			t.Fatalf("%q: listen %q, want %q", tc.src, got, tc.want)
 		}
-		b, err := Canonical(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		again, diags := NewLoader().Load(Source{Name: "canonical.json", Data: b})
-		if diags.HasErrors() {
-			t.Fatalf("canonical JSON does not load: %v\n%s", diags, b)
-		}
+		again, b := canonicalRoundTrip(t, cfg)
 		if (again.Metrics == nil) != (cfg.Metrics == nil) || (cfg.Metrics != nil && *again.Metrics != *cfg.Metrics) {
 			t.Fatalf("round trip changed metrics: %+v -> %+v\n%s", cfg.Metrics, again.Metrics, b)
 		}
@@ -52,4 +45,19 @@ func TestMetricsBlock(t *testing.T) {
 			t.Fatalf("metrics off but canonical JSON names them:\n%s", b)
 		}
 	}
+}
+
+// canonicalRoundTrip renders cfg as the canonical JSON caged reads and
+// loads it again.
+func canonicalRoundTrip(t *testing.T, cfg *Config) (*Config, []byte) {
+	t.Helper()
+	b, err := Canonical(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, diags := NewLoader().Load(Source{Name: "canonical.json", Data: b})
+	if diags.HasErrors() {
+		t.Fatalf("canonical JSON does not load: %v\n%s", diags, b)
+	}
+	return again, b
 }

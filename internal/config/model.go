@@ -14,6 +14,7 @@ type Config struct {
 	Store    *Store     // nil when no store block was declared
 	Evidence Evidence   // zero fields: the quarantine package's defaults
 	Metrics  *Metrics   // nil when no metrics block was declared (off)
+	Channel  *Channel   // nil when no channel block was declared (no polling)
 	// Policies are the declared named policies, used or not (cagectl run
 	// names them too), sorted by name.
 	Policies []policy.Policy
@@ -127,6 +128,18 @@ type Metrics struct {
 	// Listen is "HOST:PORT" with a loopback IP literal, or
 	// "unix:/run/nixcage/NAME" (DefaultMetricsListen).
 	Listen string
+}
+
+// Channel is the release channel caged polls (docs/fleet.md "Channels").
+type Channel struct {
+	// URL is the channel's base: http://, https:// or an absolute
+	// directory (a mounted channel).
+	URL string
+	// Interval between polls (DefaultChannelInterval); failures back off
+	// from it.
+	Interval time.Duration
+	// CAFile replaces the system's CA pool for https ("" = system's).
+	CAFile string
 }
 
 // Agent returns the agent called name, or nil.

@@ -16,6 +16,15 @@ type fileV1 struct {
 	Store    []storeV1     `hcl:"store,block"`
 	Evidence []evidenceV1  `hcl:"evidence,block"`
 	Metrics  []metricsV1   `hcl:"metrics,block"`
+	Channel  []channelV1   `hcl:"channel,block"`
+}
+
+// channelV1 makes caged poll a release channel (docs/fleet.md).
+type channelV1 struct {
+	Body     hcl.Body `hcl:",body"`
+	URL      string   `hcl:"url"`
+	Interval *string  `hcl:"interval,optional"`
+	CAFile   *string  `hcl:"ca_file,optional"`
 }
 
 // metricsV1 turns on caged's Prometheus endpoint.

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"github.com/nixcage/nixcage/internal/harness"
 	"net"
+	"net/url"
 	"path"
 	"path/filepath"
 	"regexp"
@@ -69,6 +70,13 @@ const (
 	// MetricsSocketDir is where a unix-socket metrics endpoint must live:
 	// caged's RuntimeDirectory=, the one place its unit may create it.
 	MetricsSocketDir = "/run/nixcage/"
+	// DefaultChannelInterval is how often caged polls its channel; a
+	// fleet of hosts polling a static server every 5 minutes is cheap
+	// (one index of a few hundred bytes each), and a release reaches
+	// every host within one interval (plus jitter).
+	DefaultChannelInterval = 5 * time.Minute
+	// MinChannelInterval is the shortest interval accepted.
+	MinChannelInterval = time.Second
 )
 
 type validator struct {
@@ -226,6 +234,11 @@ func (v *validator) build(files []*fileV1) *Config {
 		func(e *evidenceV1) { cfg.Evidence = v.evidence(e) })
 	onlyBlock(v, files, "metrics", func(f *fileV1) []metricsV1 { return f.Metrics }, func(m *metricsV1) hcl.Body { return m.Body },
 		func(m *metricsV1) { cfg.Metrics = v.metrics(m) })
+	chanBody := onlyBlock(v, files, "channel", func(f *fileV1) []channelV1 { return f.Channel }, func(c *channelV1) hcl.Body { return c.Body },
+		func(c *channelV1) { cfg.Channel = v.channel(c) })
+	if cfg.Channel != nil && cfg.Store == nil {
+		v.errorf(block(chanBody), "Channel without a store", "a channel block needs a store block: the store's channel, keys and threshold decide which releases from the channel are accepted. Add store { channel = ..., keys = [...] }.")
+	}
 	if cfg.Store != nil {
 		for _, a := range cfg.Agents {
 			if within(a.Workspace, cfg.Store.Root) {
@@ -871,6 +884,33 @@ func (v *validator) metrics(m *metricsV1) *Metrics {
 		v.errorf(rng, "Invalid metrics address", "metrics: listen = %q; write a loopback address and port such as %q, or a socket such as \"unix:%smetrics.sock\".", *m.Listen, DefaultMetricsListen, MetricsSocketDir)
 	case !ip.IsLoopback():
 		v.errorf(rng, "Metrics address not on loopback", "metrics: listen = %q; caged serves metrics on loopback (127.0.0.1, ::1) or a unix socket only. Scrape from another host through a proxy you run (docs/fleet.md).", *m.Listen)
+	}
+	return out
+}
+
+// channel checks the polled channel: where, how often, which CAs.
+func (v *validator) channel(c *channelV1) *Channel {
+	out := &Channel{URL: c.URL, Interval: DefaultChannelInterval}
+	rng := at(c.Body, "url")
+	if strings.HasPrefix(c.URL, "/") {
+		if path.Clean(c.URL) != c.URL {
+			v.errorf(rng, "Invalid channel URL", "channel: url = %q; write a clean absolute directory (no .., no trailing /) or an http(s):// URL.", c.URL)
+		}
+	} else if u, err := url.Parse(c.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Fragment != "" || u.Opaque != "" {
+		v.errorf(rng, "Invalid channel URL", "channel: url = %q; write the channel's base such as \"https://releases.example.org/nixcage/stable/\" (http or https, no #fragment), or an absolute directory.", c.URL)
+	}
+	if c.Interval != nil {
+		d, err := ParseDays(*c.Interval)
+		if err != nil || d < MinChannelInterval {
+			v.errorf(at(c.Body, "interval"), "Invalid channel interval", "channel: interval = %q; write a duration of at least %s such as \"5m\" (the default is %s).", *c.Interval, MinChannelInterval, DefaultChannelInterval)
+		}
+		out.Interval = d
+	}
+	if c.CAFile != nil {
+		out.CAFile = *c.CAFile
+		if v.checkAbsPath(at(c.Body, "ca_file"), "channel ca_file", *c.CAFile) && !strings.HasPrefix(c.URL, "https://") {
+			v.errorf(at(c.Body, "ca_file"), "CA file without https", "channel: ca_file is set but url %q is not https://; a CA file verifies an https server. Use an https URL or drop ca_file.", c.URL)
+		}
 	}
 	return out
 }

@@ -51,6 +51,7 @@ func (d *Daemon) Status(ctx context.Context) (*bus.Status, error) {
 		Agents: make([]bus.AgentStatus, 0, len(cfg.Agents)),
 	}
 	d.mu.RUnlock()
+	st.ChannelPoll = d.channelStatus(gen)
 	fr := d.storeFreshness()
 	st.Freshness, st.FreshnessMessage = fr.State, fr.Message()
 	if !fr.Expires.IsZero() {
@@ -406,18 +407,37 @@ func (d *Daemon) Apply(ctx context.Context, source, by string) (*bus.ApplyResult
 			f(bus.ApplyProgress{Phase: p.Phase, Done: uint64(p.Done), Total: uint64(p.Total), Bytes: p.Bytes, TotalBytes: p.TotalBytes})
 		}
 	}
-	s, err := d.openStore(false, progress)
-	if err != nil {
-		return nil, err
+	if d.config().Store == nil {
+		return nil, errNoStore
 	}
 	src, err := release.NewSource(source)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", bus.ErrInvalid, err)
 	}
-	d.log.Info("apply release", "source", source, "by", by)
-	res, err := s.Apply(ctx, src)
+	res, err := d.applySource(ctx, src, by, progress)
 	if err != nil {
 		return nil, d.storeFailure("apply", source, by, err)
+	}
+	warnings := res.Warnings
+	if warnings == nil {
+		warnings = []string{}
+	}
+	return &bus.ApplyResult{Generation: res.Generation, Previous: res.Previous, Channel: res.Channel, Top: res.Top,
+		Added: uint32(res.Added), Reused: uint32(res.Reused), Bytes: res.Bytes, Warnings: warnings}, nil
+}
+
+// applySource applies the release at src and announces it (log, signal,
+// journal, properties); a failure is returned as the store reported it,
+// for the caller to pass to storeFailure. The caller holds d.op.
+func (d *Daemon) applySource(ctx context.Context, src release.Source, by string, progress ...func(store.Progress)) (*store.Result, error) {
+	s, err := d.openStore(false, progress...)
+	if err != nil {
+		return nil, err
+	}
+	d.log.Info("apply release", "source", src.String(), "by", by)
+	res, err := s.Apply(ctx, src)
+	if err != nil {
+		return nil, err
 	}
 	d.log.Warn("release applied", "generation", res.Generation, "previous", res.Previous, "top", res.Top, "by", by)
 	for _, w := range res.Warnings {
@@ -426,12 +446,7 @@ func (d *Daemon) Apply(ctx context.Context, source, by string) (*bus.ApplyResult
 	d.noteApplied()
 	d.emit(bus.SignalReleaseApplied, res.Generation, res.Previous, by)
 	d.srv.SetManager(res.Generation, res.Channel, d.reconcileErrString())
-	warnings := res.Warnings
-	if warnings == nil {
-		warnings = []string{}
-	}
-	return &bus.ApplyResult{Generation: res.Generation, Previous: res.Previous, Channel: res.Channel, Top: res.Top,
-		Added: uint32(res.Added), Reused: uint32(res.Reused), Bytes: res.Bytes, Warnings: warnings}, nil
+	return res, nil
 }
 
 // ioFailure is a store error that the bus reports as bus.ErrIO, with the

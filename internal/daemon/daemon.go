@@ -24,6 +24,7 @@ import (
 	"github.com/godbus/dbus/v5"
 
 	"github.com/nixcage/nixcage/internal/bus"
+	"github.com/nixcage/nixcage/internal/channel"
 	"github.com/nixcage/nixcage/internal/config"
 	"github.com/nixcage/nixcage/internal/paths"
 	"github.com/nixcage/nixcage/internal/quarantine"
@@ -120,8 +121,12 @@ type Daemon struct {
 	lastGeneration uint64
 	lastApply      time.Time       // last apply or rollback by this caged
 	runs           map[string]*run // throw-away cages by name
-	consoles       map[string]*console
-	slicesOnce     sync.Once
+	channel        *channelState   // nil: no channel polled (channel.go)
+	// controlFeed, when set, receives each poll's control commands as
+	// fetched, unverified (the consumer verifies them; docs/fleet.md).
+	controlFeed func(ctx context.Context, cmds []channel.Control)
+	consoles    map[string]*console
+	slicesOnce  sync.Once
 }
 
 // Serve runs caged with o until ctx ends.
@@ -211,8 +216,9 @@ func Serve(ctx context.Context, o Options) error {
 	d.publishAgents(ctx)
 	d.srv.SetManager(gen, channel, d.reconcileErrString())
 
-	wg.Add(4)
+	wg.Add(5)
 	go func() { defer wg.Done(); d.serveMetrics(ctx) }()
+	go func() { defer wg.Done(); d.runChannel(ctx) }()
 	go func() { defer wg.Done(); d.audit.run(ctx) }()
 	go func() { defer wg.Done(); d.watchdog(ctx) }()
 	go func() { defer wg.Done(); d.refreshLoop(ctx) }()

@@ -39,6 +39,15 @@ func (d *Daemon) metricsSnapshot(ctx context.Context) (*metrics.Snapshot, error)
 	d.mu.RLock()
 	s.LastApply = d.lastApply
 	d.mu.RUnlock()
+	if c := st.ChannelPoll; c.URL != "" {
+		s.Channel = &metrics.Channel{Published: c.Published, Lag: c.Lag, Failures: int(c.Failures)}
+		if c.LastPollUnix != 0 {
+			s.Channel.LastPoll = time.Unix(c.LastPollUnix, 0)
+		}
+		if c.LastSuccessUnix != 0 {
+			s.Channel.LastSuccess = time.Unix(c.LastSuccessUnix, 0)
+		}
+	}
 	for _, a := range st.Agents {
 		m := metrics.Agent{Name: a.Name, Allowed: a.Allowed, Flagged: a.Flagged, Blocked: a.Blocked,
 			ActiveState: a.ActiveState, GatewayUp: a.EgressState == "active", Quarantined: a.Quarantined}

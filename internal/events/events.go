@@ -88,8 +88,18 @@ var (
 		}}
 )
 
+// ChannelPollFailed is a poll of the release channel that failed for a
+// reason other than a refused release (which is ReleaseRefused): the
+// server unreachable, a malformed index, a fetch over its limits. Written
+// once per distinct reason, not per retry.
+var ChannelPollFailed = Kind{Name: "channel-poll-failed", ID: "e04187dfb441445cad12deb101262e5d",
+	Fields: []string{"NIXCAGE_URL", "NIXCAGE_REASON"}, Priority: journal.PriWarning,
+	Message: func(f map[string]string) string {
+		return fmt.Sprintf("release channel %s: poll failed: %s", f["NIXCAGE_URL"], f["NIXCAGE_REASON"])
+	}}
+
 // Kinds is every kind, in the order docs/fleet.md lists them.
-var Kinds = []Kind{AgentStateChanged, ReleaseApplied, ReleaseRefused, AgentQuarantined, AgentReleased, AgentKilled, EgressFailed, RunStarted, RunFinished, Reconciled}
+var Kinds = []Kind{AgentStateChanged, ReleaseApplied, ReleaseRefused, AgentQuarantined, AgentReleased, AgentKilled, EgressFailed, RunStarted, RunFinished, Reconciled, ChannelPollFailed}
 
 // Identifier is SYSLOG_IDENTIFIER of every event.
 const Identifier = "caged"

@@ -45,6 +45,16 @@ type Snapshot struct {
 	// LastApply is when this caged last made a generation current (zero:
 	// not since it started).
 	LastApply time.Time
+	// Channel is the pulled release channel; nil when none is polled.
+	Channel *Channel
+}
+
+// Channel is the release channel poller at scrape time.
+type Channel struct {
+	LastPoll, LastSuccess time.Time // zero: none yet
+	Published             uint64    // generation the index named (0: never read)
+	Lag                   int64     // Published minus the current generation
+	Failures              int       // consecutive failed polls
 }
 
 // Source builds a snapshot; it is called once per scrape.
@@ -64,13 +74,18 @@ var (
 	descGeneration = prometheus.NewDesc("nixcage_store_generation", "The shared store's current generation (0: none).", nil, nil)
 	descExpiry     = prometheus.NewDesc("nixcage_release_expiry_seconds", "Seconds until the current generation's release expires (negative: expired, the channel is frozen).", nil, nil)
 	descLastApply  = prometheus.NewDesc("nixcage_last_apply_timestamp_seconds", "Unix time this caged last made a generation current (apply or rollback).", nil, nil)
+	descPoll       = prometheus.NewDesc("nixcage_channel_last_poll_timestamp_seconds", "Unix time the last poll of the release channel finished (success or not).", nil, nil)
+	descPollOK     = prometheus.NewDesc("nixcage_channel_last_success_timestamp_seconds", "Unix time a poll of the release channel last succeeded.", nil, nil)
+	descPublished  = prometheus.NewDesc("nixcage_channel_published_generation", "Generation the release channel's index named at the last poll that read it.", nil, nil)
+	descLag        = prometheus.NewDesc("nixcage_channel_lag_generations", "Published generation minus the store's current one (>0: behind the channel).", nil, nil)
+	descFailures   = prometheus.NewDesc("nixcage_channel_poll_failures", "Consecutive failed polls of the release channel (0: the last one succeeded).", nil, nil)
 	descScrapeErr  = prometheus.NewDesc("nixcage_scrape_error", "1 if caged could not build its status for this scrape.", nil, nil)
 )
 
 type collector struct{ src Source }
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descRequests, descBytes, descGateway, descState, descQuarantine, descGeneration, descExpiry, descLastApply, descScrapeErr} {
+	for _, d := range []*prometheus.Desc{descRequests, descBytes, descGateway, descState, descQuarantine, descGeneration, descExpiry, descLastApply, descPoll, descPollOK, descPublished, descLag, descFailures, descScrapeErr} {
 		ch <- d
 	}
 }
@@ -108,6 +123,19 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	if !s.LastApply.IsZero() {
 		gauge(descLastApply, float64(s.LastApply.UnixNano())/1e9)
+	}
+	if c := s.Channel; c != nil {
+		if !c.LastPoll.IsZero() {
+			gauge(descPoll, float64(c.LastPoll.UnixNano())/1e9)
+		}
+		if !c.LastSuccess.IsZero() {
+			gauge(descPollOK, float64(c.LastSuccess.UnixNano())/1e9)
+		}
+		if c.Published != 0 {
+			gauge(descPublished, float64(c.Published))
+			gauge(descLag, float64(c.Lag))
+		}
+		gauge(descFailures, float64(c.Failures))
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -184,6 +185,11 @@ func resolveStorePath(p string) (string, error) {
 // rename, then syncs the directory, so path holds either the old or the new
 // content after a crash.
 func WriteFileAtomic(path string, data []byte, mode os.FileMode) error {
+	return WriteAtomicFrom(path, bytes.NewReader(data), mode)
+}
+
+// WriteAtomicFrom is WriteFileAtomic for content streamed from r.
+func WriteAtomicFrom(path string, r io.Reader, mode os.FileMode) error {
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, ".tmp-"+filepath.Base(path)+"-*")
 	if err != nil {
@@ -191,7 +197,7 @@ func WriteFileAtomic(path string, data []byte, mode os.FileMode) error {
 	}
 	tmp := f.Name()
 	defer os.Remove(tmp)
-	if _, err := f.Write(data); err != nil {
+	if _, err := io.Copy(f, r); err != nil {
 		f.Close()
 		return err
 	}

@@ -2,6 +2,8 @@ package release
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -162,10 +164,32 @@ const MaxRedirects = 5
 //     allowed (mirrors redirect to CDNs);
 //   - no redirect from https to http, and at most MaxRedirects.
 func FetchClient(base *url.URL) *http.Client {
+	return FetchClientWith(base, FetchOptions{})
+}
+
+// FetchOptions adjust FetchClient for a long-running poller (package
+// channel); the zero value is cagectl's and apply's client.
+type FetchOptions struct {
+	// RootCAs verify https servers; nil means the system's CA pool.
+	RootCAs *x509.CertPool
+	// ResponseHeaderTimeout bounds the wait for a response's headers;
+	// MaxResponseHeaderBytes bounds their size (0: net/http's defaults).
+	ResponseHeaderTimeout  time.Duration
+	MaxResponseHeaderBytes int64
+}
+
+// FetchClientWith is FetchClient with o applied; the redirect and dial
+// guards are the same.
+func FetchClientWith(base *url.URL, o FetchOptions) *http.Client {
 	origin := hostPort(base)
 	guard := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second, Control: checkDial}
 	plain := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
+	if o.RootCAs != nil {
+		tr.TLSClientConfig = &tls.Config{RootCAs: o.RootCAs, MinVersion: tls.VersionTLS12}
+	}
+	tr.ResponseHeaderTimeout = o.ResponseHeaderTimeout
+	tr.MaxResponseHeaderBytes = o.MaxResponseHeaderBytes
 	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		if addr == origin {
 			return plain.DialContext(ctx, network, addr)

@@ -129,3 +129,9 @@ evidence {
 metrics {
   listen = "127.0.0.1:9478"
 }
+
+channel {
+  url      = "https://releases.example.org/nixcage/edge/"
+  interval = "10m"
+  ca_file  = "/etc/nixcage/channel-ca.pem"
+}

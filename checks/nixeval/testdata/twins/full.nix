@@ -87,5 +87,11 @@
     };
 
     metrics.listen = "127.0.0.1:9478";
+
+    channel = {
+      url = "https://releases.example.org/nixcage/edge/";
+      interval = "10m";
+      caFile = "/etc/nixcage/channel-ca.pem";
+    };
   };
 }
