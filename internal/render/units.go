@@ -191,7 +191,8 @@ func (r *renderer) templates() {
 	// refuses the start when a link leads out of the store. Not an
 	// ExecStartPre=+ of the agent: "+" lifts the sandbox but not
 	// RootDirectory=, and in the skeleton root the store is not there to
-	// check (found by checks/system).
+	// check (found by checks/system). It runs in a root of its own
+	// (bindCheckRoot) with the store in it.
 	binds := sec("Service",
 		"Type", "oneshot",
 		"ExecStart", quoteCmd([]string{r.bin("cagectl"), "store", "binds", "--store", r.storeRoot(), "--for", "service"}),
