@@ -39,7 +39,11 @@ let
   };
 
   agent = a: clean {
-    inherit (a) backend command environment workspace tools image autostart interactive egress harness;
+    inherit (a) backend command environment workspace tools image autostart interactive egress harness learn;
+    learn_for = a.learnFor;
+    # A list, so an approval block with every default (an empty one) stays
+    # a block in the JSON rather than being cleaned away.
+    approval = lib.mapNullable (ap: [ (clean { inherit (ap) wait; max_pending = ap.maxPending; }) ]) a.approval;
     egress_policy = lib.mapNullable policy a.egressPolicy;
     secret = lib.mapAttrs (_: s: clean { inherit (s) source env hosts header; }) a.secrets;
     resources = lib.mapNullable clean a.resources;
@@ -65,6 +69,13 @@ let
     # A list of one block: an empty block (the default listen) must not be
     # dropped by clean, or metrics would silently stay off.
     metrics = lib.mapNullable (m: [ (clean { inherit (m) listen; }) ]) cfg.metrics;
+    relay = lib.mapNullable (r: clean {
+      token_file = r.tokenFile;
+      inherit (r) owners account;
+      api_url = r.apiUrl;
+      max_file_bytes = r.maxFileBytes;
+      chat = lib.mapAttrs (_: c: clean { chat_id = c.chatId; inherit (c) topic; }) r.chats;
+    }) cfg.relay;
     channel = lib.mapNullable (c: clean {
       inherit (c) url interval;
       ca_file = c.caFile;

@@ -155,6 +155,14 @@ let
       image = opt types.str "Container image (podman only).";
       autostart = opt types.bool "Start with nixcage.target (default true).";
       interactive = opt types.bool "Give the agent a terminal held by caged; `cagectl attach NAME` connects to it (default false).";
+      learn = opt types.bool "Learn mode: for learnFor after each start of the cage, requests outside the policy are allowed and flagged (audit rule learn), never private/metadata addresses, IP literals or denied names; `cagectl policy suggest` turns the run into a policy (docs/grants.md). Default false.";
+      learnFor = opt types.str "Length of the learn window, 1m to 24h (default 30m). Needs learn = true.";
+      approval = opt (types.submodule {
+        options = {
+          wait = opt types.str "How long a request outside the policy waits for `cagectl approve` (1s to 5m, default 30s).";
+          maxPending = opt types.ints.positive "Distinct requests waiting at once; more are refused at once (1 to 32, default 4).";
+        };
+      }) "Approval queue: requests outside the policy wait for an operator (docs/grants.md).";
       egress = opt types.str "Name of an egress policy: one of services.nixcage.egressPolicies or a shipped one (claude-code, codex, gemini, github, none). Default: the harness's policy, else \"none\" (deny all).";
       harness = opt types.str "A shipped harness scaffold (claude-code, codex, gemini; docs/harnesses.md): its policy, the variable its CLI reads the key from, its environment and the cage note. Checked by cagectl validate.";
       egressPolicy = opt (types.submodule policyModule) "An egress policy for this agent alone, instead of `egress`.";
@@ -238,6 +246,42 @@ in
         maxDuration = opt types.str "Time limit of a quarantine's workspace copy, a duration such as \"2m\" (default 2m).";
       };
     }) "Bounds of each quarantine's evidence copy (docs/operations.md).";
+
+    relay = opt (types.submodule {
+      options = {
+        tokenFile = mkOption {
+          type = types.str;
+          example = "/run/secrets/telegram-bot-token";
+          description = "Host path of the Telegram bot token, loaded into cage-relay.service with LoadCredential= (keep it out of the Nix store).";
+        };
+        owners = mkOption {
+          type = types.listOf types.ints.positive;
+          example = [ 123456789 ];
+          description = "Telegram user ids whose commands the relay carries out; everyone else is refused and audited.";
+        };
+        account = mkOption {
+          type = types.str;
+          example = "relay";
+          description = "The account (services.nixcage.accounts) the relay calls caged as; its user must be \"cage-relay\". Its role and agents bound what any chat command can do.";
+        };
+        apiUrl = opt types.str "Bot API server: https, or http to loopback only (default https://api.telegram.org).";
+        maxFileBytes = opt types.ints.positive "Largest file the relay moves in either direction (default 20971520, the Bot API's download limit).";
+        chats = mkOption {
+          default = { };
+          description = "Per agent, the chat it answers in: a group, or one topic of a forum group.";
+          type = types.attrsOf (types.submodule {
+            options = {
+              chatId = mkOption {
+                type = types.int;
+                example = -1001234567890;
+                description = "The chat's id (groups are negative).";
+              };
+              topic = opt types.ints.positive "Forum topic id (message_thread_id); unset for the whole chat.";
+            };
+          });
+        };
+      };
+    }) "The Telegram chat relay, cage-relay (docs/relay.md); off when null.";
 
     metrics = opt (types.submodule {
       options = {

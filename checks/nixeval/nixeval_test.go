@@ -364,8 +364,9 @@ func TestRenderDerivation(t *testing.T) {
 			t.Errorf("environment.etc.%q points at %s, which the build does not produce", etc, rel)
 		}
 	}
-	if len(r.Glue.Etc) != 2 {
-		t.Errorf("environment.etc = %v, want nixcage/nixcage.json and nixcage/agents", r.Glue.Etc)
+	// The reference example declares a relay: its runtime document too.
+	if _, ok := r.Glue.Etc["nixcage/relay.json"]; len(r.Glue.Etc) != 3 || !ok {
+		t.Errorf("environment.etc = %v, want nixcage/nixcage.json, nixcage/agents and nixcage/relay.json", r.Glue.Etc)
 	}
 	if string(r.Glue.Targets["nixcage"]) != `{"wantedBy":["multi-user.target"]}` {
 		t.Errorf("systemd.targets.nixcage = %s, want wantedBy multi-user.target", r.Glue.Targets["nixcage"])
@@ -461,6 +462,12 @@ func TestGoodDeclarations(t *testing.T) {
 			b, _ := os.ReadFile(filepath.Join(dir, "out", "nixcage", "nixcage.json"))
 			if !strings.Contains(string(b), `"listen": "127.0.0.1:9477"`) {
 				t.Errorf("the rendered config does not serve metrics on the default address:\n%s", b)
+			}
+		},
+		"learn-approval": func(t *testing.T, r result, model map[string]any) {
+			a := model["agent"].(map[string]any)["a"].(map[string]any)
+			if ap, ok := a["approval"].([]any); !ok || len(ap) != 1 || a["learn"] != true || a["learn_for"] != "10m" {
+				t.Errorf("learn and approval render %v", a)
 			}
 		},
 		"config-file":      func(t *testing.T, r result, model map[string]any) {},

@@ -34,6 +34,10 @@ const (
 	// EventSummary stands for Count decisions not written one by one
 	// (the audit budget for DNS); Reason says what they were.
 	EventSummary = "summary"
+	// EventLearn marks the moments learn mode began and ended (no request:
+	// Host is empty, Rule is "learn"); the records it let through carry
+	// decision flagged and rule "learn" (docs/grants.md).
+	EventLearn = "learn"
 )
 
 // Record is one gateway decision: the one schema the gateway writes, caged
@@ -65,7 +69,7 @@ type Record struct {
 // record ends a decision its open record already counted.
 func (r Record) Decisions() uint64 {
 	switch {
-	case r.Event == EventClose:
+	case r.Event == EventClose || r.Event == EventLearn:
 		return 0
 	case r.Count > 1:
 		return uint64(r.Count)

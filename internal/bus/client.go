@@ -163,11 +163,11 @@ func decodeStatus(v any) (*Status, bool) {
 	}
 	st.Agents = make([]AgentStatus, len(agents))
 	for i, a := range agents {
-		if len(a) != 15 {
+		if len(a) != 16 {
 			return nil, false
 		}
 		as := &st.Agents[i]
-		var ok [15]bool
+		var ok [16]bool
 		as.Name, ok[0] = a[0].(string)
 		as.Backend, ok[1] = a[1].(string)
 		as.Unit, ok[2] = a[2].(string)
@@ -183,6 +183,7 @@ func decodeStatus(v any) (*Status, bool) {
 		as.Flagged, ok[12] = a[12].(uint64)
 		as.Blocked, ok[13] = a[13].(uint64)
 		as.RunBy, ok[14] = a[14].(string)
+		as.LearnUntilUnix, ok[15] = a[15].(int64)
 		for _, b := range ok {
 			if !b {
 				return nil, false
@@ -368,6 +369,14 @@ func decodeEvent(sig *dbus.Signal) (Event, bool) {
 		keys = []string{"agent", "backend", "by"}
 	case SignalRunFinished:
 		keys = []string{"agent", "exit_status", "summary"}
+	case SignalRelayAction:
+		keys = []string{"agent", "actor", "action", "outcome", "detail", "by"}
+	case SignalTurnStarted:
+		keys = []string{"agent", "by"}
+	case SignalTurnFinished:
+		keys = []string{"agent", "by", "status", "exit_status", "duration_ms"}
+	case SignalFileTransferred:
+		keys = []string{"agent", "op", "path", "bytes", "outcome", "by"}
 	default:
 		return Event{}, false
 	}

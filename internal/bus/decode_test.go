@@ -32,7 +32,7 @@ func sampleStatus(n int) Status {
 	for i := 0; i < n; i++ {
 		st.Agents = append(st.Agents, AgentStatus{Name: fmt.Sprintf("a%d", i), Backend: "service", Unit: "u", LoadState: "loaded",
 			ActiveState: "active", SubState: "running", EgressState: "active", Autostart: i%2 == 0, Quarantined: i%3 == 0,
-			QuarantineReason: "r", Generation: uint64(i), Allowed: 1, Flagged: 2, Blocked: uint64(i * 7)})
+			QuarantineReason: "r", Generation: uint64(i), Allowed: 1, Flagged: 2, Blocked: uint64(i * 7), LearnUntilUnix: int64(i)})
 	}
 	return st
 }

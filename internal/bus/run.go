@@ -27,7 +27,7 @@ const (
 const MaxRunFDs = 16
 
 // RunRequest is what a throw-away cage runs and under which policy. Wire
-// order: (sssasasbs).
+// order: (sssasasbsbx).
 type RunRequest struct {
 	Name    string   `json:"name"`    // "" lets caged generate one
 	Backend string   `json:"backend"` // "service" or "nspawn"
@@ -36,6 +36,10 @@ type RunRequest struct {
 	Command []string `json:"command"`
 	TTY     bool     `json:"tty"`  // the descriptors are a terminal
 	Term    string   `json:"term"` // TERM inside the cage, with TTY
+	// Learn runs the cage in learn mode (docs/grants.md) for LearnSeconds
+	// (0: the default window).
+	Learn        bool  `json:"learn"`
+	LearnSeconds int64 `json:"learn_seconds"`
 }
 
 // RunBind is a directory the caller opened, to be mounted at Dest.

@@ -482,6 +482,9 @@ func helper(addr, what string) int {
 		fmt.Println("dial:", err)
 		return 1
 	}
+	if handled, rerr := relayHelper(ctx, c, what); handled {
+		what, err = "", rerr
+	}
 	switch what {
 	case "status":
 		_, err = c.Status(ctx)
@@ -630,6 +633,13 @@ func TestAuthorizationByRealUID(t *testing.T) {
 		{"operator is refused a wildcard grant", uidOperator, "allow-alpha-wildcard", denied},
 		{"operator is refused a grant out of scope", uidOperator, "allow-beta", denied},
 		{"operator revokes a grant", uidOperator, "revoke-g1", "ok"},
+		{"operator records a relay action in scope", uidOperator, "relay-alpha", "ok"},
+		{"operator is refused a relay action out of scope", uidOperator, "relay-beta", denied},
+		{"scoped operator is refused a relay action naming no agent", uidOperator, "relay-none", denied},
+		{"stranger is refused a relay action", uidStranger, "relay-alpha", denied},
+		{"viewer records a relay action", uidViewer, "relay-beta", "ok"},
+		{"a relay action is one line", uidOperator, "relay-alpha-multiline", bus.ErrorInvalid},
+		{"a relay action has a known outcome", uidOperator, "relay-alpha-outcome", bus.ErrorInvalid},
 		{"only root may own the name", uidOperator, "own", "org.freedesktop.DBus.Error.AccessDenied"},
 	}
 	for _, c := range cases {
@@ -642,7 +652,8 @@ func TestAuthorizationByRealUID(t *testing.T) {
 	calls := h.be.Calls()
 	want := []string{"audit alpha 0 10", "kill alpha by otto (uid 33)", `quarantine alpha "test" by otto (uid 33)`,
 		`rotate alpha "" false by otto (uid 33)`, `logs alpha 10 ""`,
-		"grants alpha", "allow alpha api.example.com:0 1h0m0s by otto (uid 33)", "revoke alpha g-1 by otto (uid 33)"}
+		"grants alpha", "allow alpha api.example.com:0 1h0m0s by otto (uid 33)", "revoke alpha g-1 by otto (uid 33)",
+		"relay alpha stop ok stop done by otto (uid 33)", "relay beta-2 stop ok stop done by vera (uid 65534)"}
 	if !slices.Equal(calls, want) {
 		t.Errorf("backend saw %q, want only %q", calls, want)
 	}

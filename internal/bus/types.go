@@ -59,7 +59,7 @@ func AgentPath(agent string) dbus.ObjectPath {
 }
 
 // AgentStatus is one agent as the Manager reports it. Field order is the
-// wire order: (sssssssbbstttts).
+// wire order: (sssssssbbsttttsx).
 type AgentStatus struct {
 	Name             string `json:"name"`
 	Backend          string `json:"backend"`
@@ -82,6 +82,9 @@ type AgentStatus struct {
 	// RunBy is who started a throw-away cage (cagectl run); "" for a
 	// declared agent.
 	RunBy string `json:"run_by,omitempty"`
+	// LearnUntilUnix is the end of the cage's learn window (0: learn mode
+	// off or no window stamped); past it the policy applies again.
+	LearnUntilUnix int64 `json:"learn_until_unix,omitempty"`
 }
 
 // Status is the appliance and every agent.
@@ -174,6 +177,8 @@ func (e *RemoteError) Is(target error) bool {
 		return e.Name == ErrorNoSuchAgent
 	case ErrIO:
 		return e.Name == ErrorIO
+	case ErrBusy:
+		return e.Name == ErrorBusy
 	case ErrUnavailable:
 		return e.Name == "org.freedesktop.DBus.Error.ServiceUnknown" ||
 			e.Name == "org.freedesktop.DBus.Error.NameHasNoOwner" ||

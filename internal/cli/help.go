@@ -155,6 +155,18 @@ var help = map[string]helpText{
 		long:     "A throw-away cage with a declared agent's walls (network namespace, gateway, sandbox), made by caged at run time and removed on exit. The terminal crosses the bus as file descriptors; the current directory is the workspace unless --workspace or --no-workspace. Egress follows --policy or --allow; --secret FILEs are read by cagectl and held by the gateway, the cage sees placeholders. Operator role.",
 		examples: []string{"cagectl run --policy claude-code --secret anthropic:ANTHROPIC_API_KEY=/root/keys/anthropic -- claude", "cagectl run --allow github.com --no-workspace -- git ls-remote https://github.com/nixcage/nixcage"},
 	},
+	"say": {
+		long:     "One turn of the agent's harness, run by caged inside the agent's cage with the agent's walls (its network namespace, gateway, placeholders, sandbox), resuming the previous conversation (claude -p --continue, codex exec resume --last, or the agent's turn_command). The text goes to the harness on its stdin, never through a shell; the reply (its stdout) is printed. Turns of one agent run one at a time, others wait (at most 8). The exit status is the harness's (124: stopped at the agent's turn_timeout). Flags go before AGENT: every word after it is text. Operator role over the agent. See docs/relay.md.",
+		examples: []string{"cagectl say claude what did you change in the last commit?", "git diff | cagectl say claude -"},
+	},
+	"get": {
+		long:     "A regular file from the agent's workspace, PATH relative to it; absolute paths, '..', and symlinks out of the workspace are refused, and files over --max (at most 50 MiB). caged hands over a sealed copy; -o FILE is created, never overwritten. Operator role over the agent. See docs/relay.md.",
+		examples: []string{"cagectl get claude notes/report.md", "cagectl get claude out/build.log -o build.log"},
+	},
+	"put": {
+		long:     "Saves FILE into the agent's workspace as inbox/NAME, owned by the agent; an existing file is never overwritten (NAME-1, NAME-2, ... is taken instead), and the file appears complete or not at all. Names with '/', a leading '.', control characters or over 200 bytes are refused; files over 50 MiB too. Prints the path the agent sees. Operator role over the agent. See docs/relay.md.",
+		examples: []string{"cagectl put claude ./spec.pdf", "cagectl put claude /tmp/x.csv --name data.csv"},
+	},
 	"attach": {
 		long:     "Connects this terminal to the console caged holds for an interactive agent (interactive = true): what it printed while nobody was attached comes first, then your keys go to it and your window size follows. Ctrl-] detaches; the agent goes on and a later attach comes back. One terminal at a time: a new attach takes the console over. Operator role over the agent.",
 		examples: []string{"cagectl attach claude"},

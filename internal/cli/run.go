@@ -15,13 +15,14 @@ import (
 	"time"
 
 	"github.com/nixcage/nixcage/internal/bus"
+	"github.com/nixcage/nixcage/internal/policy"
 	termpkg "github.com/nixcage/nixcage/internal/term"
 )
 
 func init() {
 	register(&command{
 		name:  "run",
-		args:  "[--policy NAME | --allow HOST...] [--secret NAME=FILE...] [--bind DIR[:ro]...] [--backend service|nspawn] [--name NAME] -- COMMAND [ARGS...]",
+		args:  "[--policy NAME | --allow HOST...] [--secret NAME=FILE...] [--bind DIR[:ro]...] [--backend service|nspawn] [--name NAME] [--learn [--learn-for DUR]] -- COMMAND [ARGS...]",
 		short: "run COMMAND in a throw-away cage (an agent's walls) attached to this terminal; its exit status is cagectl's (operator)",
 		run:   runRun,
 	})
@@ -48,7 +49,7 @@ var secretNameRE = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,63}$`)
 func parseRun(env *Env, args []string) (*runSpec, error) {
 	fs := newFlags(env, "run")
 	addr := addBusFlag(fs, env)
-	policy := fs.String("policy", "", "egress policy `NAME` (declared in caged's config or shipped: claude-code, codex, github, none)")
+	policyName := fs.String("policy", "", "egress policy `NAME` (declared in caged's config or shipped: claude-code, codex, github, none)")
 	var allow, secrets, binds listFlag
 	fs.Var(&allow, "allow", "allow egress to `HOST` (repeat; instead of --policy)")
 	fs.Var(&secrets, "secret", "`NAME[:ENV]=FILE` the gateway holds FILE's value for the policy's credential NAME; the cage sees a placeholder in ENV (default NAME_API_KEY, upper case); repeat")
@@ -57,6 +58,8 @@ func parseRun(env *Env, args []string) (*runSpec, error) {
 	name := fs.String("name", "", "the cage's `NAME` (default: run-XXXXXXXX)")
 	workspace := fs.String("workspace", "", "bind `DIR` read-write at /workspace instead of the current directory")
 	noWorkspace := fs.Bool("no-workspace", false, "an empty, throw-away /workspace instead of the current directory")
+	learn := fs.Bool("learn", false, "learn mode: requests outside the policy are allowed and flagged for a while (never private or metadata addresses, IP literals, denied names); then `cagectl policy suggest NAME` (docs/grants.md)")
+	learnFor := fs.Duration("learn-for", 0, "length of the learn window (default 30m, at most 24h); needs --learn")
 	if err := fs.Parse(args); err != nil {
 		return nil, &ExitError{Code: ExitUsage}
 	}
@@ -64,7 +67,7 @@ func parseRun(env *Env, args []string) (*runSpec, error) {
 	if len(cmd) == 0 {
 		return nil, usageError("usage: cagectl run [FLAGS] -- COMMAND [ARGS...]")
 	}
-	if *policy != "" && len(allow) > 0 {
+	if *policyName != "" && len(allow) > 0 {
 		return nil, usageError("give --policy or --allow, not both")
 	}
 	if *backend != "service" && *backend != "nspawn" {
@@ -78,8 +81,15 @@ func parseRun(env *Env, args []string) (*runSpec, error) {
 	if *noWorkspace && *workspace != "" {
 		return nil, usageError("give --workspace or --no-workspace, not both")
 	}
+	if *learnFor != 0 && !*learn {
+		return nil, usageError("--learn-for needs --learn")
+	}
+	if *learnFor < 0 || *learnFor > policy.MaxLearnDuration || (*learnFor != 0 && *learnFor < time.Minute) {
+		return nil, usageError("--learn-for %s: use 1m to %s", *learnFor, policy.MaxLearnDuration)
+	}
 	s := &runSpec{addr: *addr, workspace: *workspace, noWorkspace: *noWorkspace,
-		req: bus.RunRequest{Name: *name, Backend: *backend, Policy: *policy, Allow: allow, Command: cmd}}
+		req: bus.RunRequest{Name: *name, Backend: *backend, Policy: *policyName, Allow: allow, Command: cmd,
+			Learn: *learn, LearnSeconds: int64(*learnFor / time.Second)}}
 	for _, a := range secrets {
 		sa, err := parseSecretArg(a)
 		if err != nil {

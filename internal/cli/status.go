@@ -127,6 +127,13 @@ func printStatus(env *Env, st *bus.Status) {
 		if a.Quarantined {
 			note = append(note, "QUARANTINED: "+a.QuarantineReason)
 		}
+		if a.LearnUntilUnix != 0 {
+			if left := time.Until(time.Unix(a.LearnUntilUnix, 0)); left > 0 {
+				note = append(note, "LEARNING ("+left.Round(time.Second).String()+" left)")
+			} else {
+				note = append(note, "learn window over")
+			}
+		}
 		switch {
 		case a.RunBy != "":
 			note = append(note, "throw-away (cagectl run) by "+a.RunBy)
@@ -137,6 +144,12 @@ func printStatus(env *Env, st *bus.Status) {
 			a.Allowed, a.Flagged, a.Blocked, strings.Join(note, "; "))
 	}
 	tw.Flush()
+	for _, a := range st.Agents {
+		if until := time.Unix(a.LearnUntilUnix, 0); a.LearnUntilUnix != 0 && time.Now().Before(until) {
+			fmt.Fprintf(env.Out, "\nLEARNING: %s allows requests outside its policy, flagged (audit rule learn), until %s (%s left); then the policy applies again. `cagectl policy suggest %s` turns them into a policy.\n",
+				a.Name, until.UTC().Format(time.RFC3339), time.Until(until).Round(time.Second), a.Name)
+		}
+	}
 	for _, a := range st.Agents {
 		if a.Generation != 0 && st.Generation != 0 && a.Generation != st.Generation {
 			fmt.Fprintln(env.Out, "\n* runs an older store generation; restart the agent to use the current one")

@@ -30,6 +30,13 @@ func Canonical(cfg *Config) ([]byte, error) {
 		if a.Interactive {
 			m["interactive"] = true
 		}
+		if a.Learn != nil {
+			m["learn"] = true
+			m["learn_for"] = a.Learn.For.String()
+		}
+		if a.Approval != nil {
+			m["approval"] = map[string]any{"wait": a.Approval.Wait.String(), "max_pending": a.Approval.MaxPending}
+		}
 		if a.Tools != "" {
 			m["tools"] = a.Tools
 		}
@@ -117,6 +124,9 @@ func Canonical(cfg *Config) ([]byte, error) {
 	}
 	if cfg.Metrics != nil {
 		doc["metrics"] = map[string]any{"listen": cfg.Metrics.Listen}
+	}
+	if r := cfg.Relay; r != nil {
+		doc["relay"] = canonRelay(r)
 	}
 	if c := cfg.Channel; c != nil {
 		m := map[string]any{"url": c.URL, "interval": c.Interval.String()}

@@ -14,6 +14,7 @@ type Config struct {
 	Store    *Store     // nil when no store block was declared
 	Evidence Evidence   // zero fields: the quarantine package's defaults
 	Metrics  *Metrics   // nil when no metrics block was declared (off)
+	Relay    *Relay     // nil when no relay block was declared (no chat relay)
 	Channel  *Channel   // nil when no channel block was declared (no polling)
 	// Policies are the declared named policies, used or not (cagectl run
 	// names them too), sorted by name.
@@ -51,6 +52,26 @@ type Agent struct {
 	// InlinePolicy is set when the policy was declared inside the agent.
 	InlinePolicy bool
 	Secrets      []Secret
+	// Learn is learn mode (docs/grants.md), nil when off.
+	Learn *Learn
+	// Approval is the approval queue, nil when off.
+	Approval *Approval
+}
+
+// Learn: for For after each start of the cage, requests outside the policy
+// are allowed and flagged, within the address rules and deny lists.
+type Learn struct {
+	For time.Duration
+	// Deny are the shipped policies' deny lists, which learning never
+	// passes whatever the agent's policy is.
+	Deny []string
+}
+
+// Approval: a request outside the policy waits up to Wait for an
+// operator's decision; at most MaxPending wait at once per agent.
+type Approval struct {
+	Wait       time.Duration
+	MaxPending int
 }
 
 // Resources are the cgroup limits of the cage.

@@ -16,7 +16,29 @@ type fileV1 struct {
 	Store    []storeV1     `hcl:"store,block"`
 	Evidence []evidenceV1  `hcl:"evidence,block"`
 	Metrics  []metricsV1   `hcl:"metrics,block"`
+	Relay    []relayV1     `hcl:"relay,block"`
 	Channel  []channelV1   `hcl:"channel,block"`
+}
+
+// relayV1 is the chat relay (cage-relay): where its token is, who may
+// command it, which account it acts as, and the chat each agent answers in.
+type relayV1 struct {
+	Body         hcl.Body      `hcl:",body"`
+	TokenFile    string        `hcl:"token_file"`
+	Owners       []int64       `hcl:"owners"`
+	Account      string        `hcl:"account"`
+	APIURL       *string       `hcl:"api_url,optional"`
+	MaxFileBytes *int64        `hcl:"max_file_bytes,optional"`
+	Chats        []relayChatV1 `hcl:"chat,block"`
+}
+
+// relayChatV1 binds one agent to a chat (a group, or one topic of a forum
+// group).
+type relayChatV1 struct {
+	Body   hcl.Body `hcl:",body"`
+	Agent  string   `hcl:"agent,label"`
+	ChatID int64    `hcl:"chat_id"`
+	Topic  *int64   `hcl:"topic,optional"`
 }
 
 // channelV1 makes caged poll a release channel (docs/fleet.md).
@@ -54,9 +76,19 @@ type agentV1 struct {
 	Harness     *string           `hcl:"harness,optional"`
 	Autostart   *bool             `hcl:"autostart,optional"`
 	Interactive *bool             `hcl:"interactive,optional"`
+	Learn       *bool             `hcl:"learn,optional"`
+	LearnFor    *string           `hcl:"learn_for,optional"`
+	Approval    []approvalV1      `hcl:"approval,block"`
 	Inline      []policyV1        `hcl:"egress_policy,block"`
 	Resources   []resourcesV1     `hcl:"resources,block"`
 	Secrets     []secretV1        `hcl:"secret,block"`
+}
+
+// approvalV1 makes requests outside the policy wait for an operator.
+type approvalV1 struct {
+	Body       hcl.Body `hcl:",body"`
+	Wait       *string  `hcl:"wait,optional"`
+	MaxPending *int     `hcl:"max_pending,optional"`
 }
 
 type resourcesV1 struct {
@@ -99,6 +131,9 @@ type policyV1 struct {
 
 	UnsafeAllowLoopbackUpstreams *bool `hcl:"unsafe_allow_loopback_upstreams,optional"`
 	UnsafeAllowPrivateUpstreams  *bool `hcl:"unsafe_allow_private_upstreams,optional"`
+	// Decoded only to be refused with a message naming what it is: a
+	// bench-only switch of cage-egress, never a policy setting.
+	UnsafeBenchIPLiterals *bool `hcl:"unsafe_bench_ip_literals,optional"`
 }
 
 // httpRuleV1 allows or denies requests to intercepted hosts by method and

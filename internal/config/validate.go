@@ -234,6 +234,8 @@ func (v *validator) build(files []*fileV1) *Config {
 		func(e *evidenceV1) { cfg.Evidence = v.evidence(e) })
 	onlyBlock(v, files, "metrics", func(f *fileV1) []metricsV1 { return f.Metrics }, func(m *metricsV1) hcl.Body { return m.Body },
 		func(m *metricsV1) { cfg.Metrics = v.metrics(m) })
+	onlyBlock(v, files, "relay", func(f *fileV1) []relayV1 { return f.Relay }, func(r *relayV1) hcl.Body { return r.Body },
+		func(r *relayV1) { cfg.Relay = v.relay(r, cfg) })
 	chanBody := onlyBlock(v, files, "channel", func(f *fileV1) []channelV1 { return f.Channel }, func(c *channelV1) hcl.Body { return c.Body },
 		func(c *channelV1) { cfg.Channel = v.channel(c) })
 	if cfg.Channel != nil && cfg.Store == nil {
@@ -383,6 +385,8 @@ func (v *validator) agent(a *agentV1) *Agent {
 		}
 		ag.Interactive = true
 	}
+	ag.Learn = v.learn(a)
+	ag.Approval = v.approval(a)
 	if len(a.Resources) > 1 {
 		v.errorf(block(a.Resources[1].Body), "Duplicate resources block", "agent %q has more than one resources block. Merge them.", a.Name)
 	}
@@ -683,6 +687,9 @@ func (v *validator) resolvePolicy(name string, p *policyV1) *resolvedPolicy {
 	}
 	if p.UnsafeAllowPrivateUpstreams != nil {
 		out.UnsafeAllowPrivateUpstreams = *p.UnsafeAllowPrivateUpstreams
+	}
+	if p.UnsafeBenchIPLiterals != nil {
+		v.errorf(at(p.Body, "unsafe_bench_ip_literals"), "Bench-only setting", "egress_policy %q: unsafe_bench_ip_literals is not a policy setting: IP-literal destinations exist only as cage-egress --unsafe-bench-ip-literals for bench/egress/run.sh, which the rendered units never pass and which refuses to run under systemd. Remove it; allow the host's name instead.", name)
 	}
 	creds := map[string]credentialV1{}
 	for _, c := range p.Credentials {
@@ -988,4 +995,55 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// learn validates learn and learn_for.
+func (v *validator) learn(a *agentV1) *Learn {
+	on := a.Learn != nil && *a.Learn
+	if a.LearnFor != nil && !on {
+		v.errorf(at(a.Body, "learn_for"), "learn_for without learn", "agent %q: learn_for = %q has no effect without learn = true. Add learn = true or remove learn_for.", a.Name, *a.LearnFor)
+		return nil
+	}
+	if !on {
+		return nil
+	}
+	l := &Learn{For: policy.DefaultLearnDuration, Deny: v.loader.BuiltinDenies()}
+	if a.LearnFor != nil {
+		d, err := time.ParseDuration(*a.LearnFor)
+		if err != nil || d < time.Minute || d > policy.MaxLearnDuration {
+			v.errorf(at(a.Body, "learn_for"), "Invalid learn_for", "agent %q: learn_for = %q; write a duration from 1m to %s, e.g. \"30m\" (learn mode is for a first run, not a policy).", a.Name, *a.LearnFor, policy.MaxLearnDuration)
+			return nil
+		}
+		l.For = d
+	}
+	return l
+}
+
+// approval validates the approval block.
+func (v *validator) approval(a *agentV1) *Approval {
+	if len(a.Approval) == 0 {
+		return nil
+	}
+	if len(a.Approval) > 1 {
+		v.errorf(block(a.Approval[1].Body), "Duplicate approval block", "agent %q has more than one approval block. Merge them.", a.Name)
+		return nil
+	}
+	b := a.Approval[0]
+	ap := &Approval{Wait: policy.DefaultApprovalWait, MaxPending: policy.DefaultMaxPending}
+	if b.Wait != nil {
+		d, err := time.ParseDuration(*b.Wait)
+		if err != nil || d < time.Second || d > policy.MaxApprovalWait {
+			v.errorf(at(b.Body, "wait"), "Invalid approval wait", "agent %q: approval wait = %q; write a duration from 1s to %s, e.g. \"30s\" (the agent's request is held open that long).", a.Name, *b.Wait, policy.MaxApprovalWait)
+			return nil
+		}
+		ap.Wait = d
+	}
+	if b.MaxPending != nil {
+		if *b.MaxPending < 1 || *b.MaxPending > policy.MaxMaxPending {
+			v.errorf(at(b.Body, "max_pending"), "Invalid approval max_pending", "agent %q: approval max_pending = %d; use 1 to %d requests waiting at once.", a.Name, *b.MaxPending, policy.MaxMaxPending)
+			return nil
+		}
+		ap.MaxPending = *b.MaxPending
+	}
+	return ap
 }

@@ -87,6 +87,9 @@ func (d *Daemon) agentStatusWith(a *config.Agent, m *quarantine.Mark) bus.AgentS
 	if d.audit != nil {
 		as.Allowed, as.Flagged, as.Blocked = d.audit.counts(a.Name)
 	}
+	if a.Learn != nil {
+		as.LearnUntilUnix = d.learnUntil(a.Name)
+	}
 	d.mu.RLock()
 	s := d.states[unit]
 	as.LoadState, as.ActiveState, as.SubState = s.Load, s.Active, s.Sub

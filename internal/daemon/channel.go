@@ -196,8 +196,8 @@ func (d *Daemon) channelStatus(current uint64) bus.ChannelStatus {
 		return bus.ChannelStatus{}
 	}
 	st := cs.poller.Status()
-	out := bus.ChannelStatus{URL: cs.url, LastPollUnix: unix(st.LastPoll), LastSuccessUnix: unix(st.LastSuccess),
-		NextPollUnix: unix(st.NextPoll), Published: st.Published, LastError: st.LastError, Failures: uint32(st.Failures)}
+	out := bus.ChannelStatus{URL: cs.url, LastPollUnix: unixOrZero(st.LastPoll), LastSuccessUnix: unixOrZero(st.LastSuccess),
+		NextPollUnix: unixOrZero(st.NextPoll), Published: st.Published, LastError: st.LastError, Failures: uint32(st.Failures)}
 	if st.Published != 0 {
 		out.Lag = int64(st.Published) - int64(current)
 	}
@@ -211,4 +211,12 @@ func (d *Daemon) publishChannel() {
 	}
 	gen, _ := d.storeCurrent()
 	d.srv.SetChannel(d.channelStatus(gen))
+}
+
+// unixOrZero is t in Unix seconds, 0 for the zero time ("never").
+func unixOrZero(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.Unix()
 }

@@ -216,7 +216,8 @@ func Serve(ctx context.Context, o Options) error {
 	d.publishAgents(ctx)
 	d.srv.SetManager(gen, channel, d.reconcileErrString())
 
-	wg.Add(5)
+	wg.Add(6)
+	go func() { defer wg.Done(); d.watchCages(ctx) }()
 	go func() { defer wg.Done(); d.serveMetrics(ctx) }()
 	go func() { defer wg.Done(); d.runChannel(ctx) }()
 	go func() { defer wg.Done(); d.audit.run(ctx) }()

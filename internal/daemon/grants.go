@@ -155,3 +155,13 @@ func (d *Daemon) GrantAgent(id string) (string, bool) {
 	}
 	return "", false
 }
+
+// learnUntil is the end of agent's learn window, as its prepare step
+// stamped it and its gateway enforces it (0: none stamped or untrusted).
+func (d *Daemon) learnUntil(agent string) int64 {
+	w, err := policy.LoadLearnWindow(d.qdirs.Host(paths.LearnFile(agent)), agent)
+	if err != nil {
+		return 0
+	}
+	return w.UntilUnix
+}

@@ -258,6 +258,13 @@ func (d *Daemon) runAgent(doc *runDoc) (*config.Agent, *config.Store, error) {
 	if req.TTY && req.Term != "" {
 		agent["environment"] = map[string]string{"TERM": req.Term}
 	}
+	if req.Learn {
+		// Validated as a declared agent's learn_for would be.
+		agent["learn"] = true
+		if req.LearnSeconds != 0 {
+			agent["learn_for"] = (time.Duration(req.LearnSeconds) * time.Second).String()
+		}
+	}
 	switch {
 	case len(req.Allow) > 0:
 		pol := map[string]any{"allow": req.Allow}
@@ -792,6 +799,7 @@ func (d *Daemon) runStatuses() []bus.AgentStatus {
 		if d.audit != nil {
 			as.Allowed, as.Flagged, as.Blocked = d.audit.counts(r.name)
 		}
+		as.LearnUntilUnix = d.learnUntil(r.name)
 		out = append(out, as)
 	}
 	return out

@@ -78,6 +78,11 @@ type Options struct {
 	Audit         *audit.Logger
 	CA            *ca.Authority
 	Log           *slog.Logger
+	// UnsafeBenchIPLiterals lets a CONNECT name an IP literal, decided on
+	// the TLS SNI name instead (bench/egress/run.sh's ip rows). Set only by
+	// cage-egress --unsafe-bench-ip-literals, which refuses to run under
+	// systemd; no configuration document can set it (docs/egress.md).
+	UnsafeBenchIPLiterals bool
 }
 
 // Gateway is one agent's egress gateway.
@@ -95,6 +100,9 @@ type Gateway struct {
 	// grants are the time-bound grants in force (grants.go), swapped
 	// whole when the grants file changes; expiry is checked per decision.
 	grants atomic.Pointer[[]policy.Grant]
+	// learn is learn mode (learn.go), nil when off; its window's end is
+	// checked per decision.
+	learn atomic.Pointer[policy.Learning]
 }
 
 // New builds a gateway from a runtime document. Any inconsistency is an

@@ -16,9 +16,9 @@ import (
 // send.
 const grantsPoll = 250 * time.Millisecond
 
-// decide is the policy decision with the grants in force now.
+// decide is the policy decision with the grants and learn mode in force now.
 func (g *Gateway) decide(st *state, host string, port int, method string) policy.Decision {
-	return st.pol.DecideWithGrants(*g.grants.Load(), time.Now(), host, port, method)
+	return st.pol.DecideLearning(g.learn.Load(), *g.grants.Load(), time.Now(), host, port, method)
 }
 
 // SetGrants replaces the grants in force. Open tunnels are not touched: a

@@ -144,7 +144,9 @@ func (g *Gateway) serveInner(w http.ResponseWriter, r *http.Request, t *target, 
 	// Re-read the state: a reload between requests in a long tunnel applies
 	// to the next request (a newly denied host stops here).
 	st := g.st.Load()
-	if st != t.st {
+	// A learned tunnel is decided again per request, so the end of the
+	// learn window refuses the next request inside it.
+	if st != t.st || t.rule == policy.RuleLearn {
 		dec := g.decide(st, t.host, t.port, http.MethodConnect)
 		if dec.Result != policy.Allow {
 			g.refuse(w, r, rec, block(http.StatusForbidden, dec.Rule, "%s", dec.Reason), start)

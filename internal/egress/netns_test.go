@@ -63,75 +63,10 @@ func inNetns(path string, f func() error) error {
 // gateway, and the gateway's decisions are audited.
 func TestCageNetns(t *testing.T) {
 	testenv.RequirePrivileged(t)
-	ipTool := testenv.LookPath(t, "ip")
 	curl := testenv.LookPath(t, "curl")
 	getent := testenv.LookPath(t, "getent")
-	sh := testenv.LookPath(t, "sh")
-
-	b := make([]byte, 4)
-	rand.Read(b)
-	ns := "nixcage-test-" + hex.EncodeToString(b)
-	run := func(args ...string) (string, error) {
-		out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
-		return string(out), err
-	}
-	if out, err := run(ipTool, "netns", "add", ns); err != nil {
-		t.Fatalf("ip netns add: %v\n%s", err, out)
-	}
-	t.Cleanup(func() { run(ipTool, "netns", "del", ns); os.RemoveAll("/etc/netns/" + ns) })
-	if out, err := run(ipTool, "-n", ns, "link", "set", "lo", "up"); err != nil {
-		t.Fatalf("lo up: %v\n%s", err, out)
-	}
-	// ip netns exec bind-mounts /etc/netns/NAME/resolv.conf over
-	// /etc/resolv.conf: the cage's resolver is the gateway.
-	os.MkdirAll("/etc/netns/"+ns, 0o755)
-	os.WriteFile("/etc/netns/"+ns+"/resolv.conf", []byte(ResolvConfText), 0o644)
-
-	var files []*os.File
-	err := inNetns("/run/netns/"+ns, func() error {
-		pl, err := net.Listen("tcp", "127.0.0.1:3128")
-		if err != nil {
-			return err
-		}
-		dl, du, err := listenBoth("127.0.0.1:53")
-		if err != nil {
-			return err
-		}
-		for _, f := range []interface{ File() (*os.File, error) }{pl.(*net.TCPListener), dl.(*net.TCPListener), du.(*net.UDPConn)} {
-			file, err := f.File()
-			if err != nil {
-				return err
-			}
-			files = append(files, file)
-		}
-		pl.Close()
-		dl.Close()
-		du.Close()
-		return nil
-	})
-	if err != nil {
-		t.Fatalf("sockets in the cage namespace: %v", err)
-	}
-
 	h := setupHarness(t, nil)
-	args := strings.Join([]string{"--config", h.cfgPath, "--resolver", h.dns.addr, "--upstream-ca", h.up.rootsFile}, "\x1f")
-	cmd := exec.Command(sh, "-c", `LISTEN_PID=$$ exec "$0" "$@"`, os.Args[0], "-test.run=^TestHelperGateway$")
-	cmd.Env = append(os.Environ(), helperEnv+"="+args, "LISTEN_FDS=3", "LISTEN_FDNAMES=proxy:dns:dns")
-	cmd.ExtraFiles = files
-	stderr, _ := cmd.StderrPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() })
-	for _, f := range files {
-		f.Close()
-	}
-	if line := h.readLog(stderr); !strings.Contains(line, "proxy=127.0.0.1:3128") {
-		t.Fatalf("gateway did not start: %q", line)
-	}
-	agent := func(args ...string) (string, error) {
-		return run(append([]string{ipTool, "netns", "exec", ns}, args...)...)
-	}
+	agent, cmd := startCage(t, h)
 	caFile := filepath.Join(h.rt.CADir, "ca.crt")
 	port := strconv.Itoa(h.up.tlsPort)
 
@@ -188,4 +123,79 @@ func TestCageNetns(t *testing.T) {
 			t.Fatalf("request succeeded with the gateway dead:\n%s", out)
 		}
 	})
+}
+
+// startCage makes a network namespace holding only lo, binds the gateway's
+// sockets inside it, runs the gateway of h (prepared, not started) in the
+// host namespace by socket activation, as systemd does, and returns a way
+// to run a command as the agent inside the namespace, and the gateway's
+// process.
+func startCage(t *testing.T, h *harness) (func(args ...string) (string, error), *exec.Cmd) {
+	t.Helper()
+	ipTool := testenv.LookPath(t, "ip")
+	sh := testenv.LookPath(t, "sh")
+	b := make([]byte, 4)
+	rand.Read(b)
+	ns := "nixcage-test-" + hex.EncodeToString(b)
+	run := func(args ...string) (string, error) {
+		out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
+		return string(out), err
+	}
+	if out, err := run(ipTool, "netns", "add", ns); err != nil {
+		t.Fatalf("ip netns add: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { run(ipTool, "netns", "del", ns); os.RemoveAll("/etc/netns/" + ns) })
+	if out, err := run(ipTool, "-n", ns, "link", "set", "lo", "up"); err != nil {
+		t.Fatalf("lo up: %v\n%s", err, out)
+	}
+	// ip netns exec bind-mounts /etc/netns/NAME/resolv.conf over
+	// /etc/resolv.conf: the cage's resolver is the gateway.
+	os.MkdirAll("/etc/netns/"+ns, 0o755)
+	os.WriteFile("/etc/netns/"+ns+"/resolv.conf", []byte(ResolvConfText), 0o644)
+
+	var files []*os.File
+	err := inNetns("/run/netns/"+ns, func() error {
+		pl, err := net.Listen("tcp", "127.0.0.1:3128")
+		if err != nil {
+			return err
+		}
+		dl, du, err := listenBoth("127.0.0.1:53")
+		if err != nil {
+			return err
+		}
+		for _, f := range []interface{ File() (*os.File, error) }{pl.(*net.TCPListener), dl.(*net.TCPListener), du.(*net.UDPConn)} {
+			file, err := f.File()
+			if err != nil {
+				return err
+			}
+			files = append(files, file)
+		}
+		pl.Close()
+		dl.Close()
+		du.Close()
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("sockets in the cage namespace: %v", err)
+	}
+
+	args := strings.Join([]string{"--config", h.cfgPath, "--resolver", h.dns.addr, "--upstream-ca", h.up.rootsFile}, "\x1f")
+	cmd := exec.Command(sh, "-c", `LISTEN_PID=$$ exec "$0" "$@"`, os.Args[0], "-test.run=^TestHelperGateway$")
+	cmd.Env = append(os.Environ(), helperEnv+"="+args, "LISTEN_FDS=3", "LISTEN_FDNAMES=proxy:dns:dns")
+	cmd.ExtraFiles = files
+	stderr, _ := cmd.StderrPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() })
+	for _, f := range files {
+		f.Close()
+	}
+	if line := h.readLog(stderr); !strings.Contains(line, "proxy=127.0.0.1:3128") {
+		t.Fatalf("gateway did not start: %q", line)
+	}
+	h.cageNetns = "/run/netns/" + ns
+	return func(args ...string) (string, error) {
+		return run(append([]string{ipTool, "netns", "exec", ns}, args...)...)
+	}, cmd
 }

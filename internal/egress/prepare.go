@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/nixcage/nixcage/internal/egress/ca"
 	"github.com/nixcage/nixcage/internal/egress/secrets"
@@ -32,6 +33,8 @@ func InterceptHosts(rt *policy.Runtime) []string {
 type PrepareResult struct {
 	CACreated    bool
 	Placeholders []string // secret names
+	// LearnUntil is the end of the learn window (zero: no learn mode).
+	LearnUntil time.Time
 }
 
 // Prepare runs as root before the gateway and the agent start: it makes the
@@ -104,7 +107,30 @@ func Prepare(rt *policy.Runtime, credDir string) (*PrepareResult, error) {
 			return nil, err
 		}
 	}
+	if rt.Learn != nil {
+		w, err := stampLearnWindow(rt, time.Now())
+		if err != nil {
+			return nil, err
+		}
+		res.LearnUntil = w.Until()
+	}
 	return res, nil
+}
+
+// stampLearnWindow opens the learn window: prepare runs (as root) once per
+// start of the cage's units, before the gateway, so each start of the cage
+// opens one window; a gateway restart (crash, Restart=on-failure) keeps it,
+// and nothing the agent can do runs prepare again.
+func stampLearnWindow(rt *policy.Runtime, now time.Time) (*policy.LearnWindow, error) {
+	w := &policy.LearnWindow{Schema: policy.LearnSchema, Agent: rt.Agent, StartedUnix: now.Unix(), UntilUnix: now.Unix() + rt.Learn.ForSeconds}
+	b, err := json.Marshal(w)
+	if err != nil {
+		return nil, err
+	}
+	if err := writeFile(rt.Learn.File, append(b, '\n'), 0o644); err != nil {
+		return nil, err
+	}
+	return w, nil
 }
 
 func writeFile(path string, data []byte, mode os.FileMode) error {

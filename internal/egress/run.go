@@ -87,11 +87,15 @@ func runPrepare(args []string, stdio Stdio) error {
 		ca = "created"
 	}
 	fmt.Fprintf(stdio.Out, "prepared agent %s: CA %s in %s; placeholders for %d secrets\n", rt.Agent, ca, rt.CADir, len(res.Placeholders))
+	if !res.LearnUntil.IsZero() {
+		fmt.Fprintf(stdio.Out, "LEARN MODE for agent %s until %s: requests outside the policy will be allowed and flagged\n", rt.Agent, res.LearnUntil.UTC().Format(time.RFC3339))
+	}
 	return nil
 }
 
 type serveFlags struct {
 	config, listenProxy, listenDNS, resolver, upstreamCA, logLevel string
+	unsafeBenchIPLiterals                                          bool
 }
 
 func runServe(ctx context.Context, args []string, stdio Stdio) error {
@@ -103,7 +107,11 @@ func runServe(ctx context.Context, args []string, stdio Stdio) error {
 	fs.StringVar(&f.resolver, "resolver", "", "upstream DNS server host:port (default: first nameserver in /etc/resolv.conf)")
 	fs.StringVar(&f.upstreamCA, "upstream-ca", "", "PEM file of extra roots trusted for intercepted upstreams")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.BoolVar(&f.unsafeBenchIPLiterals, "unsafe-bench-ip-literals", false, "bench only: admit CONNECT to an IP literal, deciding on its TLS SNI (refused under systemd)")
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := checkBenchSwitch(f.unsafeBenchIPLiterals); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -163,6 +171,8 @@ func runServe(ctx context.Context, args []string, stdio Stdio) error {
 		Audit:          al,
 		CA:             authority,
 		Log:            log,
+
+		UnsafeBenchIPLiterals: f.unsafeBenchIPLiterals,
 	})
 	if err != nil {
 		return err
@@ -172,6 +182,17 @@ func runServe(ctx context.Context, args []string, stdio Stdio) error {
 		gctx, stopGrants := context.WithCancel(ctx)
 		defer stopGrants()
 		go g.watchGrants(gctx, rt.GrantsFile)
+	}
+	// Learn mode's window was stamped by the prepare step; it is read
+	// once and announced before anything is served.
+	if l := g.loadLearning(rt); l != nil {
+		g.SetLearning(l)
+		lctx, stopLearn := context.WithCancel(ctx)
+		defer stopLearn()
+		go g.runLearning(lctx, l)
+	} else if rt.Learn != nil {
+		g.logAudit(audit.Record{Event: audit.EventLearn, Decision: audit.Blocked, Rule: policy.RuleLearn,
+			Reason: "learn mode is configured but its window could not be read (see the gateway's log); the policy applies"})
 	}
 	ls, err := listeners(f)
 	if err != nil {
@@ -208,6 +229,9 @@ func runServe(ctx context.Context, args []string, stdio Stdio) error {
 		dnsServers = append(dnsServers, s)
 		go func() { errc <- s.ActivateAndServe() }()
 	}
+	if f.unsafeBenchIPLiterals {
+		log.Warn("--unsafe-bench-ip-literals: CONNECT to IP literals admitted, decided on the TLS SNI (bench only)")
+	}
 	log.Info("cage-egress serving", "agent", rt.Agent, "proxy", addrs(ls.proxy), "dns", addrs(ls.dnsTCP), "dns_udp", len(ls.dnsUDP), "resolver", resolverAddr)
 	_, _ = daemon.SdNotify(false, daemon.SdNotifyReady)
 
@@ -240,6 +264,20 @@ func runServe(ctx context.Context, args []string, stdio Stdio) error {
 	}
 }
 
+// checkBenchSwitch refuses --unsafe-bench-ip-literals where a cage's
+// gateway runs: under systemd or socket-activated. The rendered units never
+// pass it; this makes a hand-edited ExecStart= fail to start, not weaken
+// the cage.
+func checkBenchSwitch(on bool) error {
+	if !on {
+		return nil
+	}
+	if audit.UnderSystemd() || os.Getenv("LISTEN_FDS") != "" {
+		return errors.New("--unsafe-bench-ip-literals is for bench/egress/run.sh only and is refused under systemd or socket activation; remove it from the command line")
+	}
+	return nil
+}
+
 func reload(g *Gateway, path string) error {
 	rt, err := policy.Load(path)
 	if err != nil {
@@ -250,7 +288,7 @@ func reload(g *Gateway, path string) error {
 
 func (g *Gateway) dnsConfig() dnsfilter.Config {
 	st := g.st.Load()
-	return dnsfilter.Config{Policy: st.pol, Guard: st.guard, Grants: *g.grants.Load()}
+	return dnsfilter.Config{Policy: st.pol, Guard: st.guard, Grants: *g.grants.Load(), Learning: g.learn.Load()}
 }
 
 // loadCA finds the CA key: the LoadCredential= copy first, then CADir. With

@@ -78,6 +78,35 @@ var (
 		Message: func(f map[string]string) string {
 			return fmt.Sprintf("throw-away cage %s finished with exit status %s", f["NIXCAGE_AGENT"], f["NIXCAGE_EXIT_STATUS"])
 		}}
+	RelayAction = Kind{Name: "relay-action", ID: "cd5ded8a21284dddaecf6d5b615730f5", Signal: bus.SignalRelayAction,
+		Fields: []string{"NIXCAGE_AGENT", "NIXCAGE_ACTOR", "NIXCAGE_ACTION", "NIXCAGE_OUTCOME", "NIXCAGE_DETAIL", "NIXCAGE_BY"}, Priority: journal.PriInfo,
+		Message: func(f map[string]string) string {
+			agent := f["NIXCAGE_AGENT"]
+			if agent == "" {
+				agent = "(no agent)"
+			}
+			return fmt.Sprintf("relay %s: %s %s on %s: %s", f["NIXCAGE_OUTCOME"], f["NIXCAGE_ACTOR"], f["NIXCAGE_ACTION"], agent, f["NIXCAGE_DETAIL"])
+		}}
+	LearnStarted = Kind{Name: "learn-started", ID: "28e2b179dd7f4467bcaec015d51ff676",
+		Fields: []string{"NIXCAGE_AGENT", "NIXCAGE_UNTIL"}, Priority: journal.PriWarning,
+		Message: func(f map[string]string) string {
+			return fmt.Sprintf("agent %s is in LEARN MODE until %s: requests outside its policy are allowed and flagged (audit rule learn)", f["NIXCAGE_AGENT"], f["NIXCAGE_UNTIL"])
+		}}
+	LearnEnded = Kind{Name: "learn-ended", ID: "ca6684ddd5574af6955d523549b7b0ff",
+		Fields: []string{"NIXCAGE_AGENT", "NIXCAGE_UNTIL"}, Priority: journal.PriNotice,
+		Message: func(f map[string]string) string {
+			return fmt.Sprintf("agent %s: learn mode ended at %s; its policy applies again", f["NIXCAGE_AGENT"], f["NIXCAGE_UNTIL"])
+		}}
+	ApprovalPending = Kind{Name: "approval-pending", ID: "8d00a7ad6c0d4f1b9afbfdc6634df75f", Signal: bus.SignalApprovalPending,
+		Fields: []string{"NIXCAGE_AGENT", "NIXCAGE_APPROVAL", "NIXCAGE_HOST", "NIXCAGE_PORT", "NIXCAGE_METHOD", "NIXCAGE_PATH", "NIXCAGE_SINCE", "NIXCAGE_EXPIRES"}, Priority: journal.PriWarning,
+		Message: func(f map[string]string) string {
+			return fmt.Sprintf("agent %s asks to reach %s:%s (%s %s); approve with cagectl approve %s once|host|deny", f["NIXCAGE_AGENT"], f["NIXCAGE_HOST"], f["NIXCAGE_PORT"], f["NIXCAGE_METHOD"], f["NIXCAGE_PATH"], f["NIXCAGE_APPROVAL"])
+		}}
+	ApprovalDecided = Kind{Name: "approval-decided", ID: "79c49735575b4f6b8ccb5c9f225da78c", Signal: bus.SignalApprovalDecided,
+		Fields: []string{"NIXCAGE_AGENT", "NIXCAGE_APPROVAL", "NIXCAGE_VERDICT", "NIXCAGE_BY"}, Priority: journal.PriNotice,
+		Message: func(f map[string]string) string {
+			return fmt.Sprintf("agent %s: approval %s decided %s by %s", f["NIXCAGE_AGENT"], f["NIXCAGE_APPROVAL"], f["NIXCAGE_VERDICT"], f["NIXCAGE_BY"])
+		}}
 	Reconciled = Kind{Name: "reconciled", ID: "04bff51dea2f4fe6b77ab30df1d0ecda", Signal: bus.SignalReconciled,
 		Fields: []string{"NIXCAGE_ERROR"}, Priority: journal.PriInfo,
 		Message: func(f map[string]string) string {
@@ -98,8 +127,29 @@ var ChannelPollFailed = Kind{Name: "channel-poll-failed", ID: "e04187dfb441445ca
 		return fmt.Sprintf("release channel %s: poll failed: %s", f["NIXCAGE_URL"], f["NIXCAGE_REASON"])
 	}}
 
+// Turns and workspace files (docs/relay.md): who asked what of which
+// agent, and the outcome; never the text, the reply or a file's bytes.
+var (
+	TurnStarted = Kind{Name: "turn-started", ID: "3b49cb6a47a64ebea82503cd72e25ac2", Signal: bus.SignalTurnStarted,
+		Fields: []string{"NIXCAGE_AGENT", "NIXCAGE_BY"}, Priority: journal.PriInfo,
+		Message: func(f map[string]string) string {
+			return fmt.Sprintf("turn of agent %s started by %s", f["NIXCAGE_AGENT"], f["NIXCAGE_BY"])
+		}}
+	TurnFinished = Kind{Name: "turn-finished", ID: "3adccbe848e34b7ba1487fc646e94c5a", Signal: bus.SignalTurnFinished,
+		Fields: []string{"NIXCAGE_AGENT", "NIXCAGE_BY", "NIXCAGE_STATUS", "NIXCAGE_EXIT_STATUS", "NIXCAGE_DURATION_MS"}, Priority: journal.PriInfo,
+		Message: func(f map[string]string) string {
+			return fmt.Sprintf("turn of agent %s by %s: %s (exit status %s, %s ms)", f["NIXCAGE_AGENT"], f["NIXCAGE_BY"], f["NIXCAGE_STATUS"], f["NIXCAGE_EXIT_STATUS"], f["NIXCAGE_DURATION_MS"])
+		}}
+	FileTransferred = Kind{Name: "file-transferred", ID: "d8c28ca8cb2543d2a5947402bd5bbad1", Signal: bus.SignalFileTransferred,
+		Fields: []string{"NIXCAGE_AGENT", "NIXCAGE_OP", "NIXCAGE_PATH", "NIXCAGE_BYTES", "NIXCAGE_OUTCOME", "NIXCAGE_BY"}, Priority: journal.PriNotice,
+		Message: func(f map[string]string) string {
+			return fmt.Sprintf("%s %s of agent %s by %s: %s (%s bytes)", f["NIXCAGE_OP"], f["NIXCAGE_PATH"], f["NIXCAGE_AGENT"], f["NIXCAGE_BY"], f["NIXCAGE_OUTCOME"], f["NIXCAGE_BYTES"])
+		}}
+)
+
 // Kinds is every kind, in the order docs/fleet.md lists them.
-var Kinds = []Kind{AgentStateChanged, ReleaseApplied, ReleaseRefused, AgentQuarantined, AgentReleased, AgentKilled, EgressFailed, RunStarted, RunFinished, Reconciled, ChannelPollFailed}
+var Kinds = []Kind{AgentStateChanged, ReleaseApplied, ReleaseRefused, AgentQuarantined, AgentReleased, AgentKilled, EgressFailed, RunStarted, RunFinished, RelayAction, Reconciled, ChannelPollFailed, LearnStarted, LearnEnded, ApprovalPending, ApprovalDecided,
+	TurnStarted, TurnFinished, FileTransferred}
 
 // Identifier is SYSLOG_IDENTIFIER of every event.
 const Identifier = "caged"

@@ -57,7 +57,7 @@ const (
 // agent. caged sends each only to subscribed callers allowed to view that
 // agent, and the rendered bus policy lets only root and the declared
 // accounts receive them at all.
-var BusAuditSignals = []string{"EgressDecision", "AgentQuarantined", "AgentReleased", "AgentKilled"}
+var BusAuditSignals = []string{"EgressDecision", "AgentQuarantined", "AgentReleased", "AgentKilled", "RelayAction"}
 
 // Unit names. Templates are instantiated with the agent name.
 const (
@@ -70,6 +70,24 @@ const (
 	DNSSocketTpl   = "cage-egress-dns@.socket"
 	EgressTemplate = "cage-egress@.service"
 	AgentTemplate  = "nixcage-agent@.service"
+	RelayUnit      = "cage-relay.service"
+)
+
+// The chat relay (cage-relay, docs/relay.md). It runs as a fixed system
+// user, not a name systemd makes up at start: caged identifies callers by
+// uid and name through the passwd database, and a DynamicUser= name is
+// visible only through nss-systemd, which a Go binary built without cgo
+// (os/user reads /etc/passwd) does not consult. With the user declared
+// (sysusers.d or NixOS users.users), DynamicUser=yes still applies its
+// sandbox and uses that user.
+const (
+	RelayUser = "cage-relay"
+	// RelayConfig is the relay's runtime document, under the prefix.
+	RelayConfig = "nixcage/relay.json"
+	// RelaySysusers declares RelayUser, under the prefix.
+	RelaySysusers = "sysusers.d/cage-relay.conf"
+	// RelayTokenCredential is the LoadCredential= name of the bot token.
+	RelayTokenCredential = "telegram-token"
 )
 
 // Instance turns "name@.suffix" into "name@agent.suffix".
@@ -125,6 +143,10 @@ func Runtime(agent string) string { return filepath.Join(RuntimeRoot, "cage", ag
 // GrantsFile holds an agent's time-bound grants: written by caged (root),
 // read by its gateway, in the runtime directory only root can write.
 func GrantsFile(agent string) string { return filepath.Join(Runtime(agent), "grants.json") }
+
+// LearnFile is an agent's learn window: stamped by its prepare step (root)
+// at each start of the cage, read by its gateway and by caged (status).
+func LearnFile(agent string) string { return filepath.Join(Runtime(agent), "learn.json") }
 
 // ConsoleLink is where caged links the terminal it holds for an
 // interactive agent (a /dev/pts/N it made); the agent unit's TTYPath=.

@@ -1,13 +1,11 @@
 package policy
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 )
 
@@ -71,17 +69,9 @@ type GrantsDoc struct {
 
 // ParseGrants decodes a grants file strictly.
 func ParseGrants(data []byte, agent string) (*GrantsDoc, error) {
-	dec := json.NewDecoder(strings.NewReader(string(data)))
-	dec.DisallowUnknownFields()
 	var d GrantsDoc
-	if err := dec.Decode(&d); err != nil {
-		return nil, fmt.Errorf("parse grants: %w", err)
-	}
-	if d.Schema != GrantsSchema {
-		return nil, fmt.Errorf("grants schema %d, want %d", d.Schema, GrantsSchema)
-	}
-	if d.Agent != agent {
-		return nil, fmt.Errorf("grants file is for agent %q, not %q", d.Agent, agent)
+	if err := decodeDoc(data, "grants", &d, GrantsSchema, agent); err != nil {
+		return nil, err
 	}
 	for i := range d.Grants {
 		if err := d.Grants[i].Check(); err != nil {
@@ -100,21 +90,14 @@ var ErrUntrustedGrants = errors.New("grants file is not a root-owned regular fil
 // writable by group or others, in a directory with the same properties:
 // nothing the cage or the gateway's own dynamic user can write is trusted.
 func LoadGrants(path, agent string) (*GrantsDoc, error) {
-	for _, p := range []string{dirOf(path), path} {
-		st, err := os.Lstat(p)
-		if err != nil {
-			if errors.Is(err, os.ErrNotExist) {
-				return &GrantsDoc{Schema: GrantsSchema, Agent: agent}, nil
-			}
-			return nil, fmt.Errorf("grants: %w", err)
-		}
-		sys, ok := st.Sys().(*syscall.Stat_t)
-		if !ok || sys.Uid != 0 || st.Mode().Perm()&0o022 != 0 || (p == path && !st.Mode().IsRegular()) || (p != path && !st.IsDir()) {
-			return nil, fmt.Errorf("%s: %w", p, ErrUntrustedGrants)
-		}
-	}
-	data, err := os.ReadFile(path)
+	data, err := readTrusted(path)
 	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return &GrantsDoc{Schema: GrantsSchema, Agent: agent}, nil
+		}
+		if errors.Is(err, ErrUntrusted) {
+			return nil, fmt.Errorf("%w: %v", ErrUntrustedGrants, err)
+		}
 		return nil, fmt.Errorf("grants: %w", err)
 	}
 	return ParseGrants(data, agent)

@@ -34,6 +34,8 @@ type Runtime struct {
 	// GrantsFile holds the time-bound grants caged writes (grants.go); the
 	// gateway watches it. Empty: no grants.
 	GrantsFile string `json:"grants_file,omitempty"`
+	// Learn turns on learn mode (learn.go); nil: off.
+	Learn *Learn `json:"learn,omitempty"`
 	// CADir holds ca.crt (0644) and ca.key (0600) for TLS interception.
 	CADir string `json:"ca_dir"`
 }
@@ -133,6 +135,11 @@ type Secret struct {
 	Header string `json:"header"`
 }
 
+// BenchOnlyIPLiterals is the name a document might give the bench-only
+// IP-literal switch; Parse refuses it by name (it is a cage-egress flag
+// that refuses to run under systemd, never part of a policy).
+const BenchOnlyIPLiterals = "unsafe_bench_ip_literals"
+
 // Load reads and checks a runtime document. A gateway refuses to start on a
 // document it cannot fully trust: fail closed.
 func Load(path string) (*Runtime, error) {
@@ -149,6 +156,9 @@ func Parse(data []byte) (*Runtime, error) {
 	dec.DisallowUnknownFields()
 	var r Runtime
 	if err := dec.Decode(&r); err != nil {
+		if strings.Contains(err.Error(), `unknown field "`+BenchOnlyIPLiterals+`"`) {
+			return nil, fmt.Errorf("parse egress config: %s is no setting of a runtime document: IP-literal destinations exist only as cage-egress --unsafe-bench-ip-literals, for bench/egress/run.sh (%w)", BenchOnlyIPLiterals, err)
+		}
 		return nil, fmt.Errorf("parse egress config: %w", err)
 	}
 	if r.Schema != Schema {
@@ -159,6 +169,11 @@ func Parse(data []byte) (*Runtime, error) {
 	}
 	for _, h := range append(append(append([]string{}, r.Policy.Allow...), r.Policy.Deny...), r.Policy.Inspect...) {
 		if err := CheckPattern(h); err != nil {
+			return nil, fmt.Errorf("egress config: %w", err)
+		}
+	}
+	if r.Learn != nil {
+		if err := r.Learn.Check(); err != nil {
 			return nil, fmt.Errorf("egress config: %w", err)
 		}
 	}

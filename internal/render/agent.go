@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/coreos/go-systemd/v22/unit"
 
@@ -26,7 +27,12 @@ func Runtime(a *config.Agent) *policy.Runtime {
 		secrets = append(secrets, policy.Secret{Name: s.Name, Env: s.Env, Hosts: s.Hosts, Header: s.Header})
 	}
 	rt := paths.Runtime(a.Name)
+	var learn *policy.Learn
+	if a.Learn != nil {
+		learn = &policy.Learn{ForSeconds: int64(a.Learn.For / time.Second), File: paths.LearnFile(a.Name), Deny: a.Learn.Deny}
+	}
 	return &policy.Runtime{
+		Learn:           learn,
 		Schema:          policy.Schema,
 		Agent:           a.Name,
 		Policy:          a.Policy,

@@ -33,13 +33,6 @@ const (
 	WildcardMinLabels = 3
 )
 
-// specialSuffixes are special-use names (RFC 6761, 6762, 7686, 8375 and the
-// cloud metadata names): never public hosts a policy should name.
-var specialSuffixes = []string{"localhost", "local", "internal", "arpa", "invalid", "onion", "home.arpa", "lan", "intranet", "corp"}
-
-// metadataNames resolve to cloud instance metadata services.
-var metadataNames = []string{"metadata.google.internal", "metadata.goog", "metadata.azure.com", "instance-data.ec2.internal"}
-
 // Options select and judge records.
 type Options struct {
 	// Since drops records before it (zero: all).
@@ -154,12 +147,16 @@ func Build(agent string, lines []string, o Options) *Suggestion {
 		if strings.HasPrefix(r.Rule, "placeholder:") {
 			placeholder[host] = true
 		}
-		if r.Decision != auditlog.Blocked || host == "" {
+		// A decision learn mode let through (rule learn, flagged) is one
+		// the policy refused: a learn run is read as a refused run. Its
+		// tunnel's close record repeats the open one.
+		learned := r.Rule == policy.RuleLearn && r.Event != auditlog.EventClose
+		if (r.Decision != auditlog.Blocked && !learned) || host == "" {
 			continue
 		}
 		// Only what the host patterns and ports refused: content, SNI,
 		// rate and cap refusals are not something an allow entry fixes.
-		if r.Rule != "default-deny" && r.Rule != "port" && r.Rule != "ip-literal" && r.Rule != "address" && !strings.HasPrefix(r.Rule, "deny:") {
+		if !learned && r.Rule != "default-deny" && r.Rule != "port" && r.Rule != "ip-literal" && r.Rule != "address" && !strings.HasPrefix(r.Rule, "deny:") {
 			continue
 		}
 		if why := refuseReason(host, r.Rule, o.Denies); why != "" {
@@ -254,13 +251,8 @@ func refuseReason(host, rule string, denies []string) string {
 	if d := policy.MatchDeny(denies, host); d != "" {
 		return "covered by a shipped policy's deny list (" + d + ")"
 	}
-	if slices.Contains(metadataNames, host) {
-		return "a cloud metadata name"
-	}
-	for _, s := range specialSuffixes {
-		if host == s || strings.HasSuffix(host, "."+s) {
-			return "a special-use name (." + s + "), not a public host"
-		}
+	if why := policy.SpecialUse(host); why != "" {
+		return why
 	}
 	if err := policy.CheckPattern(host); err != nil {
 		return "not a host name a policy can allow"

@@ -56,3 +56,36 @@ func TestWarningsAndWildcards(t *testing.T) {
 		}
 	}
 }
+
+// A learn run reads as a refused run: records learn mode let through
+// (flagged, rule learn) are suggested, a tunnel's close record is not
+// counted twice, and what learn mode refused stays unsuggested.
+func TestLearnRecordsAreSuggested(t *testing.T) {
+	lines := []string{
+		line(t, auditlog.Record{TS: "2026-12-01T10:00:00Z", Event: auditlog.EventLearn, Decision: auditlog.Flagged, Rule: "learn", Reason: "learn mode on"}),
+		line(t, auditlog.Record{TS: "2026-12-01T10:00:01Z", Event: auditlog.EventOpen, Method: "CONNECT", Host: "registry.npmjs.org", Port: 443, Decision: auditlog.Flagged, Rule: "learn"}),
+		line(t, auditlog.Record{TS: "2026-12-01T10:00:02Z", Event: auditlog.EventClose, Method: "CONNECT", Host: "registry.npmjs.org", Port: 443, Decision: auditlog.Flagged, Rule: "learn"}),
+		line(t, auditlog.Record{TS: "2026-12-01T10:00:03Z", Method: "DNS", Host: "registry.npmjs.org", Port: 53, Decision: auditlog.Flagged, Rule: "learn"}),
+		line(t, auditlog.Record{TS: "2026-12-01T10:00:04Z", Method: "GET", Host: "mirror.example.org", Port: 8080, Decision: auditlog.Flagged, Rule: "learn"}),
+		line(t, auditlog.Record{TS: "2026-12-01T10:00:05Z", Method: "CONNECT", Host: "metadata.google.internal", Port: 443, Decision: auditlog.Blocked, Rule: "special-use"}),
+		line(t, auditlog.Record{TS: "2026-12-01T10:00:06Z", Method: "CONNECT", Host: "o1.ingest.sentry.io", Port: 443, Decision: auditlog.Blocked, Rule: "deny:*.sentry.io"}),
+	}
+	s := Build("a", lines, Options{})
+	got := map[string]Entry{}
+	for _, e := range s.Entries {
+		got[e.Pattern] = e
+	}
+	if e := got["registry.npmjs.org"]; e.Requests != 1 || e.Lookups != 1 {
+		t.Fatalf("registry.npmjs.org = %+v (want 1 request, 1 lookup)", e)
+	}
+	if e := got["mirror.example.org"]; e.Requests != 1 || len(e.Ports) != 1 || e.Ports[0] != 8080 {
+		t.Fatalf("mirror.example.org = %+v", e)
+	}
+	if len(s.Entries) != 2 {
+		t.Fatalf("entries %+v", s.Entries)
+	}
+	hcl := s.HCL("a-suggested")
+	if strings.Contains(hcl, `"metadata.google.internal"`) || strings.Contains(hcl, `"o1.ingest.sentry.io"`) {
+		t.Fatalf("suggested what learn mode refused:\n%s", hcl)
+	}
+}

@@ -36,6 +36,7 @@ const (
 	EventOpen    = auditlog.EventOpen
 	EventClose   = auditlog.EventClose
 	EventSummary = auditlog.EventSummary
+	EventLearn   = auditlog.EventLearn
 )
 
 // Record is one decision.

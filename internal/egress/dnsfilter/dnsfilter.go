@@ -39,6 +39,8 @@ type Config struct {
 	Guard  *netguard.Guard
 	// Grants are the time-bound grants in force (policy.Grant).
 	Grants []policy.Grant
+	// Learning is learn mode, nil when off.
+	Learning *policy.Learning
 }
 
 // Filter is a dns.Handler.
@@ -91,6 +93,13 @@ func Decide(p *policy.Policy, q dns.Question) (bool, string, string) {
 
 // DecideWithGrants is Decide with the time-bound grants in force at now.
 func DecideWithGrants(p *policy.Policy, grants []policy.Grant, now time.Time, q dns.Question) (bool, string, string) {
+	return DecideLearning(p, nil, grants, now, q)
+}
+
+// DecideLearning is DecideWithGrants with learn mode (nil: off): an
+// unlisted name is answered (rule learn); the types, labels and the
+// answers' address vetting stay as they are.
+func DecideLearning(p *policy.Policy, l *policy.Learning, grants []policy.Grant, now time.Time, q dns.Question) (bool, string, string) {
 	name := policy.Normalize(q.Name)
 	if q.Qclass != dns.ClassINET {
 		return false, fmt.Sprintf("class %s refused", dns.ClassToString[q.Qclass]), "dns-class"
@@ -107,7 +116,7 @@ func DecideWithGrants(p *policy.Policy, grants []policy.Grant, now time.Time, q 
 	if err := policy.CheckHostname(name); err != nil {
 		return false, fmt.Sprintf("name %q is not a host name: %v", name, err), "dns-name"
 	}
-	ok, rule := p.AllowsNameWithGrants(grants, now, name)
+	ok, rule := p.AllowsNameLearning(l, grants, now, name)
 	if !ok {
 		return false, "name " + name + " is not allowed by policy", rule
 	}
@@ -164,7 +173,7 @@ func (f *Filter) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 		refuse("DNS is disabled by policy", "dns-disabled")
 		return
 	}
-	ok, reason, rule := DecideWithGrants(cfg.Policy, cfg.Grants, time.Now(), q)
+	ok, reason, rule := DecideLearning(cfg.Policy, cfg.Learning, cfg.Grants, time.Now(), q)
 	if !ok {
 		refuse(reason, rule)
 		return
@@ -207,6 +216,10 @@ func (f *Filter) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 	if unusual != "" {
 		decision = audit.Flagged
 		notes = append(notes, unusual)
+	}
+	if rule == policy.RuleLearn {
+		decision = audit.Flagged
+		notes = append(notes, "learn mode: outside the policy, answered and flagged")
 	}
 	if len(notes) > 0 {
 		reason += "; " + strings.Join(notes, "; ")

@@ -1,0 +1,221 @@
+package daemon_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nixcage/nixcage/internal/bus"
+	"github.com/nixcage/nixcage/internal/channel"
+	"github.com/nixcage/nixcage/internal/daemon/daemontest"
+	"github.com/nixcage/nixcage/internal/release"
+	"github.com/nixcage/nixcage/internal/release/releasetest"
+)
+
+// channelHost is one caged following the channel.
+type channelHost struct {
+	name string
+	c    *daemontest.Caged
+	cl   *bus.Client
+}
+
+// waitChannel polls h's status until ok holds (the poller runs on its own
+// schedule; the test waits for its outcome, it does not time it).
+func waitChannel(t *testing.T, h channelHost, what string, ok func(*bus.Status) bool) *bus.Status {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		st, err := h.cl.Status(context.Background())
+		if err == nil && ok(st) {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %s never happened; last status %+v (%v)", h.name, what, st, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// Two hosts' worth of caged (separate roots, buses and stores) pull one
+// channel from a real HTTP server: a release published once reaches both;
+// a tampered one and replays of an old signed release are refused with
+// the reason in status and nothing switched; the metrics show the poll.
+func TestChannelPulledByTwoHosts(t *testing.T) {
+	releasetest.RequireNix(t)
+	sk, _, pubPath := releasetest.Key(t, release.AlgEd25519)
+	pub, err := os.ReadFile(pubPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chanDir := t.TempDir()
+	srv := httptest.NewServer(http.FileServer(http.Dir(chanDir)))
+	defer srv.Close()
+	ctx := context.Background()
+
+	rels := t.TempDir()
+	build := func(gen uint64) string {
+		top := releasetest.Closure(t, fmt.Sprintf("channel-%d", gen), 8<<10)
+		out := filepath.Join(rels, fmt.Sprint(gen))
+		if _, err := release.Create(ctx, release.CreateOptions{StorePath: top, Keys: []*release.PrivateKey{sk},
+			Channel: "stable", Generation: gen, Expires: releasetest.Expires(), Out: out, Compression: "xz"}); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	publish := func(gen uint64) {
+		t.Helper()
+		if _, err := channel.Publish(ctx, build(gen), chanDir); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	const storeBlock = `
+store {
+  channel = "stable"
+  keys    = ["/etc/nixcage/release.pub"]
+}
+`
+	var hosts []channelHost
+	for i, name := range []string{"host-a", "host-b"} {
+		c := daemontest.Start(t, storeBlock)
+		if err := os.MkdirAll(c.Path("/etc/nixcage"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(c.Path("/etc/nixcage/release.pub"), pub, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		cfg := storeBlock + fmt.Sprintf("channel {\n  url = %q\n  interval = \"1s\"\n}\n", srv.URL+"/")
+		if i == 0 {
+			cfg += "metrics {\n  listen = \"unix:/run/nixcage/metrics.sock\"\n}\n"
+		}
+		c.WriteConfig(cfg)
+		c.Restart() // the channel block takes effect at a restart
+		hosts = append(hosts, channelHost{name: name, c: c, cl: c.Client()})
+	}
+
+	// Nothing published yet: the poll fails, says why, and backs off.
+	for _, h := range hosts {
+		st := waitChannel(t, h, "a failed first poll", func(st *bus.Status) bool { return st.ChannelPoll.Failures >= 1 })
+		if !strings.Contains(st.ChannelPoll.LastError, "has no channel.json") || st.ChannelPoll.URL != srv.URL+"/" || st.ChannelPoll.LastPollUnix == 0 || st.ChannelPoll.LastSuccessUnix != 0 {
+			t.Fatalf("%s before anything is published: %+v", h.name, st.ChannelPoll)
+		}
+	}
+
+	// Published once, reaching both.
+	for _, gen := range []uint64{1, 2} {
+		publish(gen)
+		for _, h := range hosts {
+			st := waitChannel(t, h, fmt.Sprintf("generation %d applied", gen), func(st *bus.Status) bool {
+				return st.Generation == gen && st.ChannelPoll.LastError == "" && st.ChannelPoll.Published == gen
+			})
+			if st.ChannelPoll.Lag != 0 || st.ChannelPoll.Failures != 0 || st.ChannelPoll.LastSuccessUnix == 0 {
+				t.Fatalf("%s at generation %d: %+v", h.name, gen, st.ChannelPoll)
+			}
+		}
+	}
+	currentOf := func(h channelHost) string {
+		l, err := os.Readlink(h.c.Path("/var/lib/nixcage/store/current"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+
+	// A tampered release (generation 3, manifest edited after signing: a
+	// publisher's server compromised, the keys not) is refused on both
+	// with the reason; generation 2 stays current.
+	publish(3)
+	rel3 := filepath.Join(chanDir, channel.ReleaseDir(3), release.ManifestFile)
+	raw, err := os.ReadFile(rel3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(rel3, []byte(strings.Replace(string(raw), `"generation": 3`, `"generation": 30`, 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range hosts {
+		st := waitChannel(t, h, "the tampered release refused", func(st *bus.Status) bool {
+			return st.ChannelPoll.Published == 3 && st.ChannelPoll.Failures >= 1
+		})
+		if !strings.Contains(st.ChannelPoll.LastError, "release refused") || !strings.Contains(st.ChannelPoll.LastError, "signature") {
+			t.Fatalf("%s: tampered release: error %q, want a signature refusal", h.name, st.ChannelPoll.LastError)
+		}
+		if st.Generation != 2 || st.ChannelPoll.Lag != 1 || currentOf(h) != "generations/2" {
+			t.Fatalf("%s after the tampered release: generation %d, lag %d, current %s", h.name, st.Generation, st.ChannelPoll.Lag, currentOf(h))
+		}
+	}
+	mgr := hosts[1].c.Bus.Conn(t).Object(bus.Name, bus.Path)
+	if v, err := mgr.GetProperty(bus.ManagerIface + ".ChannelError"); err != nil || !strings.Contains(fmt.Sprint(v.Value()), "release refused") {
+		t.Fatalf("ChannelError property = %v (%v)", v.Value(), err)
+	}
+	if v, err := mgr.GetProperty(bus.ManagerIface + ".ChannelPublished"); err != nil || v.Value() != uint64(3) {
+		t.Fatalf("ChannelPublished property = %v (%v)", v.Value(), err)
+	}
+
+	// Replays of the old, validly signed generation 1: an index that
+	// claims it is new (the store's rollback protection decides), and one
+	// that names it honestly (older than current). Refused, nothing switched.
+	writeIndex := func(gen uint64, dir string) {
+		t.Helper()
+		b, err := (&channel.Index{Schema: 1, Channel: "stable", Generation: gen, Release: dir}).Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := release.WriteFileAtomic(filepath.Join(chanDir, channel.IndexFile), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		gen  uint64
+		want string
+	}{
+		{40, "generation 1 is not newer than the accepted generation 2 (rollback protection)"},
+		{1, "the channel serves generation 1, older than the current generation 2"},
+	} {
+		writeIndex(tc.gen, channel.ReleaseDir(1))
+		for _, h := range hosts {
+			st := waitChannel(t, h, fmt.Sprintf("the replay as generation %d refused", tc.gen), func(st *bus.Status) bool {
+				return st.ChannelPoll.Published == tc.gen && strings.Contains(st.ChannelPoll.LastError, tc.want)
+			})
+			if st.Generation != 2 || currentOf(h) != "generations/2" {
+				t.Fatalf("%s after a replay: generation %d, current %s", h.name, st.Generation, currentOf(h))
+			}
+		}
+	}
+
+	// The publisher recovers the channel with a new generation: both
+	// follow, and the error clears.
+	writeIndex(3, channel.ReleaseDir(2))
+	publish(4)
+	for _, h := range hosts {
+		waitChannel(t, h, "generation 4 applied after the refusals", func(st *bus.Status) bool {
+			return st.Generation == 4 && st.ChannelPoll.LastError == "" && st.ChannelPoll.Lag == 0
+		})
+	}
+
+	// The metrics endpoint of host-a carries the poll.
+	sock := hosts[0].c.Path("/run/nixcage/metrics.sock")
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+	}}}
+	resp, err := hc.Get("http://caged/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{"nixcage_channel_last_poll_timestamp_seconds ", "nixcage_channel_last_success_timestamp_seconds ",
+		"nixcage_channel_published_generation 4", "nixcage_channel_lag_generations 0", "nixcage_channel_poll_failures 0", "nixcage_store_generation 4"} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("metrics lack %q:\n%s", want, body)
+		}
+	}
+}
