@@ -69,6 +69,11 @@ let
     # A list of one block: an empty block (the default listen) must not be
     # dropped by clean, or metrics would silently stay off.
     metrics = lib.mapNullable (m: [ (clean { inherit (m) listen; }) ]) cfg.metrics;
+    control = lib.mapNullable (c: clean {
+      inherit (c) keys threshold;
+      host_id = c.hostId;
+      ack_url = c.ackUrl;
+    }) cfg.control;
     relay = lib.mapNullable (r: clean {
       token_file = r.tokenFile;
       inherit (r) owners account;

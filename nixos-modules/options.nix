@@ -289,6 +289,18 @@ in
       };
     }) "Serve Prometheus metrics from caged (docs/fleet.md); off when null. Set to { } for the default address.";
 
+    control = opt (types.submodule {
+      options = {
+        hostId = opt types.str "This host's id, which a control command's host must name (default: the host name).";
+        keys = mkOption {
+          type = types.listOf types.str;
+          description = "PEM public keys (paths on the host) control commands must be signed with; keep them apart from store.keys.";
+        };
+        threshold = opt types.ints.positive "Distinct control keys that must have signed a command (default 1).";
+        ackUrl = opt types.str "http(s) URL every acknowledgement is PUT below (HOST/SHA256/STATUS.json); unset: acks stay in the file and the journal.";
+      };
+    }) "Accept signed control commands (docs/fleet.md, \"Control commands\"); none are accepted when null.";
+
     channel = opt (types.submodule {
       options = {
         url = opt types.str "The release channel's base URL (http:// or https://; any static server, docs/fleet.md \"Channels\"). Required when the block is set.";

@@ -18,7 +18,8 @@ import (
 // gateway refuses makes every restart fail until systemd's start limit
 // stops it and fails its sockets. The cage is cut off (fail closed); the
 // operator is told, by `cagectl status` and by an EgressFailed event, and
-// recovers as docs/operations.md says (`cagectl restart AGENT`).
+// recovers as docs/operations.md says (`cagectl restart AGENT`). The same
+// machine then runs the signed control commands' checks (control_test.go).
 func TestGatewayStartLimit(t *testing.T) {
 	testenv.RequireSystem(t)
 	bins := systest.Binaries{
@@ -40,8 +41,8 @@ agent "sl" {
   egress    = "p"
   autostart = false
 }
-`), 0o644)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+`+controlBlock), 0o644)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	if err := systest.InstallNixcage(ctx, m, bins, cfg, nil); err != nil {
 		t.Fatal(err)
@@ -93,6 +94,8 @@ agent "sl" {
 	waitFor("the gateway's sockets again", "systemctl is-active -q cage-egress@sl.socket")
 	waitFor("caged status recovers", "! cagectl status | grep '^sl ' | grep -q 'failed'")
 	sh("kill $(cat /run/events.pid) || true")
+
+	checkControlCommands(ctx, t, &cageEnv{m: m, in: in}, "sl", bins["cagectl"], sh)
 }
 
 // checkGrantUnderSandbox (issue 19): a time-bound grant reaches the

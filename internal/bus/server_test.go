@@ -21,6 +21,7 @@ import (
 	"github.com/nixcage/nixcage/internal/bus"
 	"github.com/nixcage/nixcage/internal/bus/bustest"
 	"github.com/nixcage/nixcage/internal/config"
+	"github.com/nixcage/nixcage/internal/control"
 	"github.com/nixcage/nixcage/internal/paths"
 	"github.com/nixcage/nixcage/internal/render"
 	"github.com/nixcage/nixcage/internal/testenv"
@@ -677,6 +678,15 @@ func (f *fakeBackend) AllowHost(ctx context.Context, agent, host string, port in
 func (f *fakeBackend) ListGrants(ctx context.Context, agent string) ([]bus.Grant, error) {
 	f.rec("grants %s", agent)
 	return []bus.Grant{{ID: "g-1", Agent: agent, Host: "a.example.com"}}, nil
+}
+
+func (f *fakeBackend) ApplyControl(ctx context.Context, raw []byte, by string) (control.Ack, error) {
+	f.rec("control by %s", by)
+	return control.Ack{Status: control.StatusRejected, Reason: "fake"}, nil
+}
+
+func (f *fakeBackend) ControlAcks(ctx context.Context, max uint32) ([]control.Ack, error) {
+	return nil, nil
 }
 
 func (f *fakeBackend) RevokeGrant(ctx context.Context, agent, id, by string) error {

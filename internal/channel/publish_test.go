@@ -54,6 +54,18 @@ func TestPublishLayoutAndRefusals(t *testing.T) {
 	if err != nil || p.Generation != 1 || p.Previous != 0 || p.Copied != 5 || p.Present != 0 {
 		t.Fatalf("first publish: %+v, %v", p, err)
 	}
+	ci, err := os.ReadFile(filepath.Join(ch, ControlsDir, ControlIndexFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, err := ParseControlIndex(ci); err != nil || len(c.Commands) != 0 {
+		t.Fatalf("the empty control feed: %s: %+v %v", ci, c, err)
+	}
+	// A feed the control tooling wrote is left alone by later publishes.
+	feed := `{"schema":1,"commands":["x.json"]}`
+	if err := os.WriteFile(filepath.Join(ch, ControlsDir, ControlIndexFile), []byte(feed), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, f := range []string{IndexFile, "releases/1/release.json", "releases/1/release.json.sig", h1 + ".narinfo", "nar/" + h1 + ".nar", "nix-cache-info", "keys/1.json"} {
 		fi, err := os.Stat(filepath.Join(ch, f))
 		if err != nil || fi.Mode().Perm() != 0o644 {
@@ -73,6 +85,9 @@ func TestPublishLayoutAndRefusals(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(ch, "releases/1/release.json")); err != nil {
 		t.Fatal("publishing generation 2 removed generation 1's manifest")
+	}
+	if b, _ := os.ReadFile(filepath.Join(ch, ControlsDir, ControlIndexFile)); string(b) != feed {
+		t.Fatalf("publishing replaced the control feed: %s", b)
 	}
 
 	snapshot := func() map[string]string {

@@ -16,8 +16,18 @@ type fileV1 struct {
 	Store    []storeV1     `hcl:"store,block"`
 	Evidence []evidenceV1  `hcl:"evidence,block"`
 	Metrics  []metricsV1   `hcl:"metrics,block"`
+	Control  []controlV1   `hcl:"control,block"`
 	Relay    []relayV1     `hcl:"relay,block"`
 	Channel  []channelV1   `hcl:"channel,block"`
+}
+
+// controlV1 configures signed control commands (docs/fleet.md).
+type controlV1 struct {
+	Body      hcl.Body `hcl:",body"`
+	HostID    *string  `hcl:"host_id,optional"`
+	Keys      []string `hcl:"keys"`
+	Threshold *int     `hcl:"threshold,optional"`
+	AckURL    *string  `hcl:"ack_url,optional"`
 }
 
 // relayV1 is the chat relay (cage-relay): where its token is, who may

@@ -9,7 +9,9 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,6 +20,7 @@ import (
 	"github.com/nixcage/nixcage/internal/daemon/daemontest"
 	"github.com/nixcage/nixcage/internal/release"
 	"github.com/nixcage/nixcage/internal/release/releasetest"
+	"github.com/nixcage/nixcage/internal/store"
 )
 
 // channelHost is one caged following the channel.
@@ -46,8 +49,10 @@ func waitChannel(t *testing.T, h channelHost, what string, ok func(*bus.Status) 
 
 // Two hosts' worth of caged (separate roots, buses and stores) pull one
 // channel from a real HTTP server: a release published once reaches both;
-// a tampered one and replays of an old signed release are refused with
-// the reason in status and nothing switched; the metrics show the poll.
+// one whose downloads break off fails without a half-switched store and
+// is applied once the server works; a tampered one and replays of an old
+// signed release are refused with the reason in status and nothing
+// switched; the metrics show the poll.
 func TestChannelPulledByTwoHosts(t *testing.T) {
 	releasetest.RequireNix(t)
 	sk, _, pubPath := releasetest.Key(t, release.AlgEd25519)
@@ -56,7 +61,25 @@ func TestChannelPulledByTwoHosts(t *testing.T) {
 		t.Fatal(err)
 	}
 	chanDir := t.TempDir()
-	srv := httptest.NewServer(http.FileServer(http.Dir(chanDir)))
+	// A real static server; dropNARs makes it cut every NAR off halfway
+	// (a flaky link or a server dying mid-download).
+	var dropNARs atomic.Bool
+	files := http.FileServer(http.Dir(chanDir))
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if dropNARs.Load() && strings.HasPrefix(r.URL.Path, "/nar/") {
+			b, err := os.ReadFile(filepath.Join(chanDir, filepath.FromSlash(r.URL.Path)))
+			if err != nil {
+				http.NotFound(w, r)
+				return
+			}
+			w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+			w.WriteHeader(http.StatusOK)
+			w.Write(b[:len(b)/2])
+			w.(http.Flusher).Flush()
+			panic(http.ErrAbortHandler) // drop the connection mid-body
+		}
+		files.ServeHTTP(w, r)
+	}))
 	defer srv.Close()
 	ctx := context.Background()
 
@@ -129,26 +152,60 @@ store {
 		return l
 	}
 
-	// A tampered release (generation 3, manifest edited after signing: a
-	// publisher's server compromised, the keys not) is refused on both
-	// with the reason; generation 2 stays current.
+	// Generation 3 while every NAR download breaks off: the poll fails,
+	// nothing is half-switched (generation 2 current, the store verifies,
+	// no work directory left), and the next polls retry until it works.
+	dropNARs.Store(true)
 	publish(3)
-	rel3 := filepath.Join(chanDir, channel.ReleaseDir(3), release.ManifestFile)
-	raw, err := os.ReadFile(rel3)
+	for _, h := range hosts {
+		st := waitChannel(t, h, "generation 3 failing mid-download", func(st *bus.Status) bool {
+			return st.ChannelPoll.Published == 3 && st.ChannelPoll.Failures >= 1 && strings.Contains(st.ChannelPoll.LastError, "/nix/store/")
+		})
+		t.Logf("%s: broken download: %s", h.name, st.ChannelPoll.LastError)
+		if !strings.Contains(st.ChannelPoll.LastError, "fetch nar of") || strings.Contains(st.ChannelPoll.LastError, "release refused") {
+			t.Fatalf("%s: a broken download reported as %q, want a fetch failure (not a refusal of the release)", h.name, st.ChannelPoll.LastError)
+		}
+		if st.Generation != 2 || currentOf(h) != "generations/2" {
+			t.Fatalf("%s after a broken download: generation %d, current %s", h.name, st.Generation, currentOf(h))
+		}
+		s, err := store.Open(store.Options{Root: h.c.Path("/var/lib/nixcage/store"), ReadOnly: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep, err := s.Verify(ctx, true); err != nil || len(rep.Problems) != 0 {
+			t.Fatalf("%s: the store after a broken download: %+v %v", h.name, rep, err)
+		}
+		if tmp, _ := filepath.Glob(h.c.Path("/var/lib/nixcage/store/tmp-*")); len(tmp) != 0 {
+			t.Fatalf("%s: work directories left behind: %v", h.name, tmp)
+		}
+	}
+	dropNARs.Store(false)
+	for _, h := range hosts {
+		waitChannel(t, h, "generation 3 applied once the server works", func(st *bus.Status) bool {
+			return st.Generation == 3 && st.ChannelPoll.LastError == ""
+		})
+	}
+
+	// A tampered release (generation 4, manifest edited after signing: a
+	// publisher's server compromised, the keys not) is refused on both
+	// with the reason; generation 3 stays current.
+	publish(4)
+	rel4 := filepath.Join(chanDir, channel.ReleaseDir(4), release.ManifestFile)
+	raw, err := os.ReadFile(rel4)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(rel3, []byte(strings.Replace(string(raw), `"generation": 3`, `"generation": 30`, 1)), 0o644); err != nil {
+	if err := os.WriteFile(rel4, []byte(strings.Replace(string(raw), `"generation": 4`, `"generation": 40`, 1)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	for _, h := range hosts {
 		st := waitChannel(t, h, "the tampered release refused", func(st *bus.Status) bool {
-			return st.ChannelPoll.Published == 3 && st.ChannelPoll.Failures >= 1
+			return st.ChannelPoll.Published == 4 && st.ChannelPoll.Failures >= 1
 		})
 		if !strings.Contains(st.ChannelPoll.LastError, "release refused") || !strings.Contains(st.ChannelPoll.LastError, "signature") {
 			t.Fatalf("%s: tampered release: error %q, want a signature refusal", h.name, st.ChannelPoll.LastError)
 		}
-		if st.Generation != 2 || st.ChannelPoll.Lag != 1 || currentOf(h) != "generations/2" {
+		if st.Generation != 3 || st.ChannelPoll.Lag != 1 || currentOf(h) != "generations/3" {
 			t.Fatalf("%s after the tampered release: generation %d, lag %d, current %s", h.name, st.Generation, st.ChannelPoll.Lag, currentOf(h))
 		}
 	}
@@ -156,7 +213,7 @@ store {
 	if v, err := mgr.GetProperty(bus.ManagerIface + ".ChannelError"); err != nil || !strings.Contains(fmt.Sprint(v.Value()), "release refused") {
 		t.Fatalf("ChannelError property = %v (%v)", v.Value(), err)
 	}
-	if v, err := mgr.GetProperty(bus.ManagerIface + ".ChannelPublished"); err != nil || v.Value() != uint64(3) {
+	if v, err := mgr.GetProperty(bus.ManagerIface + ".ChannelPublished"); err != nil || v.Value() != uint64(4) {
 		t.Fatalf("ChannelPublished property = %v (%v)", v.Value(), err)
 	}
 
@@ -177,15 +234,15 @@ store {
 		gen  uint64
 		want string
 	}{
-		{40, "generation 1 is not newer than the accepted generation 2 (rollback protection)"},
-		{1, "the channel serves generation 1, older than the current generation 2"},
+		{50, "generation 1 is not newer than the accepted generation 3 (rollback protection)"},
+		{1, "the channel serves generation 1, older than the current generation 3"},
 	} {
 		writeIndex(tc.gen, channel.ReleaseDir(1))
 		for _, h := range hosts {
 			st := waitChannel(t, h, fmt.Sprintf("the replay as generation %d refused", tc.gen), func(st *bus.Status) bool {
 				return st.ChannelPoll.Published == tc.gen && strings.Contains(st.ChannelPoll.LastError, tc.want)
 			})
-			if st.Generation != 2 || currentOf(h) != "generations/2" {
+			if st.Generation != 3 || currentOf(h) != "generations/3" {
 				t.Fatalf("%s after a replay: generation %d, current %s", h.name, st.Generation, currentOf(h))
 			}
 		}
@@ -193,11 +250,11 @@ store {
 
 	// The publisher recovers the channel with a new generation: both
 	// follow, and the error clears.
-	writeIndex(3, channel.ReleaseDir(2))
-	publish(4)
+	writeIndex(4, channel.ReleaseDir(3))
+	publish(5)
 	for _, h := range hosts {
-		waitChannel(t, h, "generation 4 applied after the refusals", func(st *bus.Status) bool {
-			return st.Generation == 4 && st.ChannelPoll.LastError == "" && st.ChannelPoll.Lag == 0
+		waitChannel(t, h, "generation 5 applied after the refusals", func(st *bus.Status) bool {
+			return st.Generation == 5 && st.ChannelPoll.LastError == "" && st.ChannelPoll.Lag == 0
 		})
 	}
 
@@ -213,7 +270,7 @@ store {
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	for _, want := range []string{"nixcage_channel_last_poll_timestamp_seconds ", "nixcage_channel_last_success_timestamp_seconds ",
-		"nixcage_channel_published_generation 4", "nixcage_channel_lag_generations 0", "nixcage_channel_poll_failures 0", "nixcage_store_generation 4"} {
+		"nixcage_channel_published_generation 5", "nixcage_channel_lag_generations 0", "nixcage_channel_poll_failures 0", "nixcage_store_generation 5"} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %q:\n%s", want, body)
 		}

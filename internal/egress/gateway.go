@@ -100,6 +100,10 @@ type Gateway struct {
 	// grants are the time-bound grants in force (grants.go), swapped
 	// whole when the grants file changes; expiry is checked per decision.
 	grants atomic.Pointer[[]policy.Grant]
+	// bans are the control commands' bans for this agent (bans.go);
+	// live holds the open tunnels a new ban closes.
+	bans atomic.Pointer[[]policy.Ban]
+	live sync.Map // *liveTunnel -> struct{}
 	// learn is learn mode (learn.go), nil when off; its window's end is
 	// checked per decision.
 	learn atomic.Pointer[policy.Learning]

@@ -157,6 +157,11 @@ func (g *Gateway) serveInner(w http.ResponseWriter, r *http.Request, t *target, 
 		t = &nt
 		rec.Rule = t.rule
 	}
+	// A ban applies to the next request of an open intercepted tunnel.
+	if dec, ok := g.banned(t.host); ok {
+		g.refuse(w, r, rec, block(http.StatusForbidden, dec.Rule, "%s", dec.Reason), start)
+		return
+	}
 	if !t.st.limiter.allow(t.host) {
 		g.refuse(w, r, rec, block(http.StatusTooManyRequests, "rate-limit", "rate limit for %s exceeded", t.host), start)
 		return

@@ -224,6 +224,8 @@ func (g *Gateway) handleConnect(w http.ResponseWriter, r *http.Request, st *stat
 		go func() {
 			defer release()
 			defer conn.Close()
+			_, untrack := g.track(host, conn)
+			defer untrack()
 			g.intercept(conn, pre, t, rec, start)
 		}()
 		return
@@ -242,7 +244,9 @@ func (g *Gateway) handleConnect(w http.ResponseWriter, r *http.Request, st *stat
 		defer release()
 		defer conn.Close()
 		defer up.Close()
-		g.relay(conn, up, t, rec, start, sent)
+		lt, untrack := g.track(host, conn)
+		defer untrack()
+		g.relay(conn, up, t, rec, start, sent, lt)
 	}()
 }
 

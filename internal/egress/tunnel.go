@@ -103,11 +103,14 @@ func (g *Gateway) openTunnel(conn net.Conn, pre []byte, t *target, rec audit.Rec
 // relay is the second stage: it copies both ways until the tunnel ends and
 // writes the close record with bytes and duration. It keeps no buffer of
 // its own (the ClientHello is not referenced past openTunnel).
-func (g *Gateway) relay(conn, up net.Conn, t *target, rec audit.Record, start time.Time, sent int64) {
+func (g *Gateway) relay(conn, up net.Conn, t *target, rec audit.Record, start time.Time, sent int64, lt *liveTunnel) {
 	out, in, err := splice(conn, up, t.st.idle)
 	reason := "tunnel to " + t.host + " closed"
 	if errors.Is(err, errIdle) {
 		reason = "tunnel to " + t.host + " closed after idle timeout"
+	}
+	if b := lt.bannedBy(); b != nil {
+		reason = "tunnel to " + t.host + " closed: " + policy.Banned(b, t.host).Reason
 	}
 	rec.Event, rec.Decision, rec.Rule, rec.Reason = audit.EventClose, audit.Allowed, t.rule, reason
 	rec.BytesOut, rec.BytesIn = out+sent, in

@@ -144,6 +144,15 @@ func Runtime(agent string) string { return filepath.Join(RuntimeRoot, "cage", ag
 // read by its gateway, in the runtime directory only root can write.
 func GrantsFile(agent string) string { return filepath.Join(Runtime(agent), "grants.json") }
 
+// ControlDir holds caged's control-command state (docs/fleet.md): the
+// replay cache and the acknowledgements (0700, root only).
+const ControlDir = "/var/lib/nixcage/control"
+
+// BansFile holds the host names banned by signed control commands: written
+// by caged (root, 0644), read by every gateway. Host-wide and persistent,
+// so a ban outlives reboots and reaches agents declared after it.
+const BansFile = "/var/lib/nixcage/bans.json"
+
 // LearnFile is an agent's learn window: stamped by its prepare step (root)
 // at each start of the cage, read by its gateway and by caged (status).
 func LearnFile(agent string) string { return filepath.Join(Runtime(agent), "learn.json") }

@@ -34,6 +34,9 @@ type Runtime struct {
 	// GrantsFile holds the time-bound grants caged writes (grants.go); the
 	// gateway watches it. Empty: no grants.
 	GrantsFile string `json:"grants_file,omitempty"`
+	// BansFile holds the host-wide bans of signed control commands
+	// (bans.go); the gateway watches it. Empty: no bans.
+	BansFile string `json:"bans_file,omitempty"`
 	// Learn turns on learn mode (learn.go); nil: off.
 	Learn *Learn `json:"learn,omitempty"`
 	// CADir holds ca.crt (0644) and ca.key (0600) for TLS interception.

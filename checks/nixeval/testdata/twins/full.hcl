@@ -136,6 +136,12 @@ metrics {
   listen = "127.0.0.1:9478"
 }
 
+control {
+  host_id   = "web-01"
+  keys      = ["/etc/nixcage/control/ops.pub", "/etc/nixcage/control/sec.pub"]
+  threshold = 2
+  ack_url   = "https://acks.example.com/fleet/"
+}
 
 relay {
   token_file     = "/etc/nixcage/secrets/telegram"

@@ -87,6 +87,12 @@
     };
 
     metrics.listen = "127.0.0.1:9478";
+    control = {
+      hostId = "web-01";
+      keys = [ "/etc/nixcage/control/ops.pub" "/etc/nixcage/control/sec.pub" ];
+      threshold = 2;
+      ackUrl = "https://acks.example.com/fleet/";
+    };
 
     accounts.chat = { user = "cage-relay"; role = "operator"; agents = [ "beta" ]; };
     relay = {
