@@ -429,11 +429,10 @@ func marshal(v any) ([]byte, error) {
 // at their host paths, each top-level directory other than /usr a read-only
 // tmpfs so nothing is created on the host. The check reads only the store,
 // so it loses nothing; it no longer sees the host's /etc, /var or /home at
-// all. This is also what makes it cheap: systemd 252 re-reads the mount
-// table for each read-only mount it sets up, and with the host's whole tree
-// as the root the check's sandbox took ~55 ms more per start than in this
-// small one (docs/performance.md, "Cage start latency"); every hardening
-// option stays. The skeleton is made by tmpfiles at install and at boot
+// all. It is also cheaper: systemd 252 re-reads the mount table for each
+// read-only mount it sets up, and with the host's whole tree as the root
+// the check's start took 13-25% longer than in this small one, every
+// hardening option kept (docs/performance.md, "Cage start latency"). The skeleton is made by tmpfiles at install and at boot
 // (the rendered tmpfiles.d file) and again by every prepare step; it lives
 // under /var/lib, so it stays. (An ExecStartPre=+ making it here does not
 // work: with RootDirectoryStartOnly= systemd 252 still applies the binds

@@ -96,9 +96,6 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 	if err := m.WriteFile("/etc/systemd/system/bench-base.service", []byte(baseUnit), 0o644); err != nil {
 		return err
 	}
-	// systemd unloads an inactive unit nothing refers to, and with it its
-	// stamps: an active target ordered after every unit measured keeps
-	// them loaded (After= pulls nothing in).
 	// The service cage's store bind check, against the same unit with the
 	// host's whole tree as its root (the unit as it was before it got a
 	// root of its own): what that root buys, in the same run.
@@ -112,6 +109,9 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 	if err := writeNoFilterNspawn(m); err != nil {
 		return err
 	}
+	// systemd unloads an inactive unit nothing refers to, and with it its
+	// stamps: an active target ordered after every unit measured keeps
+	// them loaded (After= pulls nothing in).
 	hold := []string{"bench-base.service", hostRootCheck, noFilterNspawn}
 	for _, b := range backends {
 		hold = append(hold, coldChain(b.backend, b.agent)...)
