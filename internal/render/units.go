@@ -423,42 +423,40 @@ func marshal(v any) ([]byte, error) {
 	return append(b, '\n'), nil
 }
 
-// bindCheckRoot gives the store bind check a root of its own: the service
-// cages' skeleton with only the programs (/usr, and the bindir or the host's
-// /nix/store where nixcage lives elsewhere) and the store root, read-only,
-// at their host paths, each top-level directory other than /usr a read-only
-// tmpfs so nothing is created on the host. The check reads only the store,
-// so it loses nothing; it no longer sees the host's /etc, /var or /home at
-// all. It is also cheaper: systemd 252 re-reads the mount table for each
-// read-only mount it sets up, and with the host's whole tree as the root
-// the check's start took 13-25% longer than in this small one, every
-// hardening option kept (docs/performance.md, "Cage start latency"). The skeleton is made by tmpfiles at install and at boot
-// (the rendered tmpfiles.d file) and again by every prepare step; it lives
-// under /var/lib, so it stays. (An ExecStartPre=+ making it here does not
-// work: with RootDirectoryStartOnly= systemd 252 still applies the binds
-// and tmpfs above to that command, on the host's root, and hides /var.)
+// bindCheckRoot gives the store bind check a root of its own: an empty
+// directory systemd makes for the start (RuntimeDirectory=, under /run, gone
+// when the check ends) with only the programs (/usr, and the bindir or the
+// host's /nix/store where nixcage lives elsewhere) and the store root bound
+// read-only at their host paths; systemd adds /proc, /dev, /tmp for the
+// hardening options. The check reads only the store, so it loses nothing;
+// it no longer sees the host's /etc, /var or /home at all, and its refusals
+// still name the host path. It is also cheaper: systemd 252 re-reads the
+// mount table for each read-only mount it sets up, and with the host's
+// whole tree as the root the check's start took 13-25% longer, every
+// hardening option kept (docs/performance.md, "Cage start latency").
+// The root is made per start rather than being the skeleton, which the
+// prepare step makes in parallel and which does not exist yet at an
+// agent's first start in render mode (found by checks/system). cagectl must
+// be static there (as README builds it; cage-seal must be anyway): the root
+// has no /lib.
 func (r *renderer) bindCheckRoot() []string {
+	root := paths.BindCheckRoot("%i")
 	kv := []string{
-		"RootDirectory", paths.CageRootfs,
+		"RuntimeDirectory", strings.TrimPrefix(root, "/run/"),
+		"RootDirectory", root,
 		"BindReadOnlyPaths", "/usr",
 	}
-	tops := map[string]bool{}
 	for _, p := range []string{r.o.BinDir, r.storeRoot()} {
 		if p == "/usr" || strings.HasPrefix(p, "/usr/") {
 			continue
 		}
-		bind := p
-		if p != r.storeRoot() && strings.HasPrefix(p, "/nix/store/") {
-			bind = "/nix/store" // a Nix build's programs and their libraries
+		switch {
+		case p == r.storeRoot():
+			p = "-" + p // no store yet: the check passes, as on the host
+		case strings.HasPrefix(p, "/nix/store/"):
+			p = "/nix/store" // a Nix build's programs and their libraries
 		}
-		if top := "/" + strings.SplitN(strings.TrimPrefix(bind, "/"), "/", 2)[0]; !tops[top] && top != bind {
-			tops[top] = true
-			kv = append(kv, "TemporaryFileSystem", top+":ro")
-		}
-		if p == r.storeRoot() {
-			bind = "-" + bind // no store yet: the check passes, as on the host
-		}
-		kv = append(kv, "BindReadOnlyPaths", bind)
+		kv = append(kv, "BindReadOnlyPaths", p)
 	}
 	return kv
 }

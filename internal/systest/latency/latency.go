@@ -255,8 +255,8 @@ var stampName = map[string]string{
 }
 
 // hostRootCheck is the service cages' store bind check as rendered, minus
-// the lines that give it a root of its own (RootDirectory= and its binds
-// and tmpfs): the check with the host's tree as its root.
+// the lines that give it a root of its own (RuntimeDirectory=,
+// RootDirectory= and its binds): the check with the host's tree as its root.
 const hostRootCheck = "bench-binds-hostroot@svc.service"
 
 func writeHostRootCheck(m *systest.Machine) error {
@@ -266,7 +266,7 @@ func writeHostRootCheck(m *systest.Machine) error {
 	}
 	var keep []string
 	for _, l := range strings.Split(string(b), "\n") {
-		if !strings.HasPrefix(l, "RootDirectory=") && !strings.HasPrefix(l, "BindReadOnlyPaths=") && !strings.HasPrefix(l, "TemporaryFileSystem=") {
+		if !strings.HasPrefix(l, "RuntimeDirectory=") && !strings.HasPrefix(l, "RootDirectory=") && !strings.HasPrefix(l, "BindReadOnlyPaths=") {
 			keep = append(keep, l)
 		}
 	}
