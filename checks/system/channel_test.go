@@ -51,6 +51,17 @@ http {
     ssl_certificate_key /etc/channel-nginx/key.pem;
     root /srv/www;
   }
+  # Acks of control commands are PUT here (control.ack_url), as any
+  # WebDAV-capable server takes them.
+  server {
+    listen 127.0.0.1:8080;
+    root /srv/acks;
+    client_body_temp_path /srv/acks-tmp;
+    location /acks/ {
+      dav_methods PUT;
+      create_full_put_path on;
+    }
+  }
 }
 `
 
@@ -82,13 +93,13 @@ func TestChannelOnSystemd(t *testing.T) {
 	m.MustWriteFile(t, "/etc/channel-nginx/nginx.conf", []byte(channelNginx), 0o644)
 	m.MustWriteFile(t, "/etc/channel-nginx/cert.pem", certPEM, 0o644)
 	m.MustWriteFile(t, "/etc/channel-nginx/key.pem", keyPEM, 0o600)
-	sh("mkdir -p /srv/www/nixcage/stable && systemd-run --unit=channel-nginx --property=Type=exec " +
+	sh("mkdir -p /srv/www/nixcage/stable /srv/acks /srv/acks-tmp && chown nobody /srv/acks /srv/acks-tmp && systemd-run --unit=channel-nginx --property=Type=exec " +
 		"/usr/sbin/nginx -c /etc/channel-nginx/nginx.conf -g 'daemon off;' && " +
 		"for i in $(seq 50); do curl -sk -o /dev/null https://127.0.0.1:8443/ && break; sleep 0.1; done")
 
 	// Host A: the machine's own caged.
 	cfg := filepath.Join(t.TempDir(), "channel.hcl")
-	os.WriteFile(cfg, []byte(channelConfig+"metrics {\n  listen = \"127.0.0.1:9477\"\n}\n"), 0o644)
+	os.WriteFile(cfg, []byte(channelConfig+"metrics {\n  listen = \"127.0.0.1:9477\"\n}\n"+channelControlBlock("host-a")+channelAgent), 0o644)
 	if err := m.CopyIn(keys+".pub", "/etc/nixcage/release.pub", 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +116,7 @@ func TestChannelOnSystemd(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.MustWriteFile(t, rootB+"/etc/nixcage/channel-ca.pem", caPEM, 0o644)
-	m.MustWriteFile(t, rootB+"/etc/nixcage/nixcage.hcl", []byte(channelConfig), 0o644)
+	m.MustWriteFile(t, rootB+"/etc/nixcage/nixcage.hcl", []byte(channelConfig+channelControlBlock("host-b")), 0o644)
 	// Host B's bus has the system bus's rules: the defaults of Debian's
 	// system.conf and the policy file nixcage installs.
 	m.MustWriteFile(t, "/etc/host-b/bus.conf", []byte(bustest.Config("/run/host-b/bus",
@@ -225,4 +236,7 @@ systemd-run --unit=host-b-caged --property=Type=exec /usr/local/bin/caged --conf
 	if log := sh("cat /var/log/nginx/channel-access.log"); !strings.Contains(log, "GET /nixcage/stable/channel.json") || !strings.Contains(log, "GET /nixcage/stable/releases/3/release.json") {
 		t.Errorf("nginx's access log lacks the channel requests:\n%s", log)
 	}
+
+	// The channel's control feed (control_test.go).
+	checkChannelControls(ctx, t, m, cagectl, sh, rootB)
 }

@@ -189,6 +189,15 @@ func TestShellOnSystemd(t *testing.T) {
 		})
 	}
 
+	// The fail-safe the design rests on: a shell's transient unit as caged
+	// starts it, without the drop-in that carries the walls and the command,
+	// is refused by systemd rather than run.
+	if _, stderr, code := run(`busctl call org.freedesktop.systemd1 /org/freedesktop/systemd1 org.freedesktop.systemd1.Manager StartTransientUnit 'ssa(sv)a(sa(sv))' nixcage-shell-nodropin.service fail 1 Description s probe 0`); code == 0 || !strings.Contains(stderr, "bad unit file setting") {
+		t.Errorf("a shell unit without its drop-in: exit %d, %q; want systemd to refuse it", code, stderr)
+	} else if why := sh("journalctl -u nixcage-shell-nodropin.service -o cat --no-pager"); !strings.Contains(why, "Service has no ExecStart=") {
+		t.Errorf("systemd refused the unit for another reason:\n%s", why)
+	}
+
 	// An operator is refused, naming the role.
 	if _, stderr, code := run("setpriv --reuid=runner --regid=runner --init-groups cagectl shell svc -- true"); code != 3 || !strings.Contains(stderr, `role "admin"`) {
 		t.Errorf("operator: exit %d, stderr %q; want 3 naming role admin", code, stderr)
@@ -237,11 +246,61 @@ func TestShellOnSystemd(t *testing.T) {
 		t.Errorf("journal shell-closed lacks the exit statuses:\n%s", closed)
 	}
 
+	// cagectl killed: caged notices its caller left and closes the shell.
+	activeShells := func(pattern string) string {
+		return strings.TrimSpace(sh("systemctl list-units --no-legend --plain --state=active '" + pattern + "' || true"))
+	}
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for i := 0; !cond(); i++ {
+			if i > 100 {
+				t.Fatalf("%s: not after 10 s", what)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	gone := m.Command(ctx, "timeout", "60", "setpriv", "--reuid=shadmin", "--regid=shadmin", "--init-groups", "cagectl", "shell", "svc", "--", "sleep", "600")
+	if err := gone.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("a shell unit running", func() bool { return activeShells("nixcage-shell-svc-*") != "" })
+	sh("kill -KILL $(pgrep -f '^cagectl shell svc -- sleep 600')")
+	gone.Wait()
+	waitFor("the shell of a killed cagectl closed", func() bool { return activeShells("nixcage-shell-*") == "" })
+
+	// The agent stopping ends its shells; cagectl says how the shell ended.
+	ended := m.Command(ctx, "timeout", "60", "cagectl", "shell", "box", "--", "sleep", "600")
+	if err := ended.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("a shell unit running", func() bool { return activeShells("nixcage-shell-box-*") != "" })
+	t0 := time.Now()
+	sh("cagectl stop box")
+	err := ended.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 143 || time.Since(t0) > 30*time.Second {
+		t.Errorf("a shell whose agent stopped: %v after %s; want exit 143 (SIGTERM) at once", err, time.Since(t0))
+	}
+
+	// caged restarting closes its shells first; cagectl says so, exit 4.
+	across := m.Command(ctx, "timeout", "60", "cagectl", "shell", "svc", "--", "sleep", "600")
+	var acrossErr lockedBuffer
+	across.Stderr = &acrossErr
+	if err := across.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("a shell unit running", func() bool { return activeShells("nixcage-shell-svc-*") != "" })
+	sh("systemctl restart nixcage-caged.service")
+	err = across.Wait()
+	if !errors.As(err, &ee) || ee.ExitCode() != 4 || !strings.Contains(acrossErr.String(), "caged stopped or restarted while the shell") {
+		t.Errorf("cagectl shell across a caged restart: %v, stderr %q; want exit 4 and the reason", err, acrossErr.String())
+	}
+
 	// Nothing of any shell is left.
 	if left := sh("ls -d /run/systemd/system/nixcage-shell-* 2>/dev/null || true; systemctl list-units --all --no-legend --plain 'nixcage-shell-*' || true"); strings.TrimSpace(left) != "" {
 		t.Errorf("left after the shells:\n%s", left)
 	}
-	sh("cagectl stop svc box")
+	sh("cagectl stop svc")
 }
 
 // machineScripts are the two ways tests run a script in the machine: sh

@@ -695,3 +695,15 @@ func (f *fakeBackend) RevokeGrant(ctx context.Context, agent, id, by string) err
 }
 
 func (f *fakeBackend) GrantAgent(id string) (string, bool) { return "alpha", id == "g-1" }
+
+func (f *fakeBackend) ListApprovals(ctx context.Context, agent string) ([]bus.Approval, error) {
+	f.rec("approvals %s", agent)
+	return []bus.Approval{{ID: "a-0123456789ab", Agent: agent, Host: "new.example.com", Port: 443, Method: "CONNECT"}}, nil
+}
+
+func (f *fakeBackend) DecideApproval(ctx context.Context, agent, id, verdict, by string) (string, error) {
+	f.rec("decide %s %s %s by %s", agent, id, verdict, by)
+	return "", nil
+}
+
+func (f *fakeBackend) ApprovalAgent(id string) (string, bool) { return "alpha", id == "a-0123456789ab" }

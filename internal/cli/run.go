@@ -404,7 +404,7 @@ func osStdio(env *Env) ([3]*os.File, error) {
 	out, ok2 := env.Out.(*os.File)
 	errf, ok3 := env.Err.(*os.File)
 	if !ok1 || !ok2 || !ok3 {
-		return [3]*os.File{}, errors.New("run: stdin, stdout and stderr must be files, pipes or a terminal (they are handed to the cage)")
+		return [3]*os.File{}, errors.New("stdin, stdout and stderr must be files, pipes or a terminal (they are handed to the cage)")
 	}
 	return [3]*os.File{in, out, errf}, nil
 }

@@ -450,3 +450,50 @@ channel {
 		t.Fatal("the channel's quarantine ran again after caged restarted")
 	}
 }
+
+// TestControlPauseResume: pause freezes the agent unit and resume thaws
+// it; where systemd cannot freeze (cgroup v1), pause is acked "failed"
+// with systemd's reason and the agent is not stopped instead.
+func TestControlPauseResume(t *testing.T) {
+	s := newSigner(t, "ops", "sec")
+	c := daemontest.Start(t, twoAgents)
+	s.writePub(c.Path("/etc/nixcage/control/ops.pub"), "ops")
+	s.writePub(c.Path("/etc/nixcage/control/sec.pub"), "sec")
+	c.WriteConfig(controlConfig(""))
+	c.Restart()
+	cl := c.Client()
+	ctx := context.Background()
+	apply := func(action string) *control.Ack {
+		t.Helper()
+		a, err := cl.ApplyControl(ctx, s.command(action, "alpha", nil, "ops", "sec"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	if a := apply(control.ActionPause); a.Status != control.StatusExecuted {
+		t.Fatalf("pause: %+v", a)
+	}
+	if _, sub := c.SD.State(unit("alpha")); sub != "frozen" {
+		t.Fatalf("alpha is %s after pause", sub)
+	}
+	if a := apply(control.ActionResume); a.Status != control.StatusExecuted {
+		t.Fatalf("resume: %+v", a)
+	}
+	if act, sub := c.SD.State(unit("alpha")); act != "active" || sub == "frozen" {
+		t.Fatalf("alpha is %s/%s after resume", act, sub)
+	}
+	c.SD.NoFreeze = true
+	c.SD.Reset()
+	if a := apply(control.ActionPause); a.Status != control.StatusFailed || !strings.Contains(a.Reason, "freeze") {
+		t.Fatalf("pause without a freezer: %+v", a)
+	}
+	for _, call := range c.SD.Calls() {
+		if strings.Contains(call, "StopUnit") || strings.Contains(call, "KillUnit") {
+			t.Errorf("pause without a freezer stopped the agent: %s", call)
+		}
+	}
+	if act, _ := c.SD.State(unit("alpha")); act != "active" {
+		t.Errorf("alpha is %s after a failed pause", act)
+	}
+}

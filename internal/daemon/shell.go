@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	sdbus "github.com/coreos/go-systemd/v22/dbus"
@@ -372,7 +373,17 @@ func (d *Daemon) finishShell(sh *shell) {
 		defer close(sh.done)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
+		states, _ := d.units.States(ctx, []string{sh.unit})
+		st := states[sh.unit]
 		exit, result := d.exitStatus(ctx, sh.unit)
+		if st.Sub != "exited" && st.Active != "failed" && (exit == 0 || result == "unknown") {
+			// Stopped from outside (the agent stopped, BindsTo=): a command
+			// that exits by itself leaves the unit "exited" (RemainAfterExit=)
+			// or failed, while systemd forgets a unit that stopped cleanly at
+			// once, and with it the status (a fresh lookup reads 0,
+			// "success"); what ended the shell was its stop's SIGTERM.
+			exit, result = 128+int32(syscall.SIGTERM), "stopped"
+		}
 		d.removeShell(ctx, d.units, sh.unit)
 		d.mu.Lock()
 		delete(d.shells, sh.unit)

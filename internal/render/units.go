@@ -261,6 +261,10 @@ func (r *renderer) templates() {
 		"LoadCredential", paths.CAKeyFile+":"+filepath.Join(paths.EgressState("%i"), paths.CAKeyFile),
 		"LogsDirectory", paths.AuditLogsDirectory("%i"),
 		"LogsDirectoryMode", "0750",
+		// Requests waiting for an operator (approval queue): the gateway's
+		// own, read by caged (root), gone when the gateway stops.
+		"RuntimeDirectory", paths.ApprovalRuntimeDirectory("%i"),
+		"RuntimeDirectoryMode", "0700",
 		"Restart", "on-failure",
 		"RestartSec", "1",
 	)

@@ -1,10 +1,14 @@
 package tgfake
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"time"
 )
@@ -58,3 +62,88 @@ func (s *Server) Control() http.Handler {
 }
 
 func readAll(r *http.Request) ([]byte, error) { return io.ReadAll(r.Body) }
+
+// Remote drives a Server's Control API over a unix socket (a test on the
+// host, the server in a machine).
+type Remote struct {
+	c *http.Client
+}
+
+// NewRemote talks to the control socket at path.
+func NewRemote(path string) *Remote {
+	return &Remote{c: &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", path)
+		},
+	}}}
+}
+
+func (r *Remote) do(ctx context.Context, method, path string, body io.Reader, out any) error {
+	req, err := http.NewRequestWithContext(ctx, method, "http://tgfake"+path, body)
+	if err != nil {
+		return err
+	}
+	resp, err := r.c.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		return fmt.Errorf("tgfake %s %s: %s %s", method, path, resp.Status, b)
+	}
+	if out == nil {
+		return nil
+	}
+	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+// AddMessage queues a message update.
+func (r *Remote) AddMessage(ctx context.Context, m Message) error {
+	b, _ := json.Marshal(m)
+	return r.do(ctx, http.MethodPost, "/message", bytes.NewReader(b), nil)
+}
+
+// AddFile stores an uploaded file and returns its Document.
+func (r *Remote) AddFile(ctx context.Context, name string, data []byte) (*Document, error) {
+	var d Document
+	err := r.do(ctx, http.MethodPost, "/file?name="+url.QueryEscape(name), bytes.NewReader(data), &d)
+	return &d, err
+}
+
+// Inject makes calls fail (Server.Inject).
+func (r *Remote) Inject(ctx context.Context, f Fault) error {
+	b, _ := json.Marshal(f)
+	return r.do(ctx, http.MethodPost, "/fault", bytes.NewReader(b), nil)
+}
+
+// Sent returns what was sent from seq on.
+func (r *Remote) Sent(ctx context.Context, from int) ([]Sent, error) {
+	var out []Sent
+	err := r.do(ctx, http.MethodGet, fmt.Sprintf("/sent?from=%d", from), nil, &out)
+	return out, err
+}
+
+// WaitSent waits until a call from seq on satisfies ok.
+func (r *Remote) WaitSent(ctx context.Context, from int, ok func(Sent) bool) (Sent, error) {
+	for {
+		var out []Sent
+		if err := r.do(ctx, http.MethodGet, fmt.Sprintf("/sent?from=%d&wait=2s", from), nil, &out); err != nil {
+			return Sent{}, err
+		}
+		for _, s := range out {
+			if ok(s) {
+				return s, nil
+			}
+		}
+		if len(out) > 0 {
+			from = out[len(out)-1].Seq + 1
+		}
+		select {
+		case <-ctx.Done():
+			return Sent{}, fmt.Errorf("nothing matching was sent: %w", ctx.Err())
+		default:
+		}
+	}
+}
