@@ -98,3 +98,35 @@ account "ops" {
 		t.Errorf("bad id: exit %d", code)
 	}
 }
+
+// TestLearnStatusThroughCaged: caged reads the learn window the prepare
+// step stamps (root-owned, as the gateway reads it) and cagectl status
+// says LEARNING with the time left; a stamp others may write is ignored.
+func TestLearnStatusThroughCaged(t *testing.T) {
+	testenv.RequireRoot(t, "caged trusts only a root-owned learn window")
+	c := daemontest.Start(t, `
+agent "gamma" {
+  backend = "service"
+  command = ["/bin/sleep", "infinity"]
+  learn   = true
+}
+`)
+	file := c.Path(paths.LearnFile("gamma"))
+	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(filepath.Dir(file), 0o755)
+	now := time.Now()
+	b, _ := policy.MarshalDoc(&policy.LearnWindow{Schema: policy.LearnSchema, Agent: "gamma", StartedUnix: now.Unix(), UntilUnix: now.Add(20 * time.Minute).Unix()})
+	if err := policy.WriteFileAtomic(file, b); err != nil {
+		t.Fatal(err)
+	}
+	out := mustRun(t, "status", "--bus", c.Bus.Address)
+	if !regexp.MustCompile(`gamma .*LEARNING \((19m5\d|20m0)s left\)`).MatchString(out) || !strings.Contains(out, "LEARNING: gamma allows requests outside its policy") {
+		t.Fatalf("status does not show learn mode:\n%s", out)
+	}
+	os.Chmod(file, 0o666)
+	if out := mustRun(t, "status", "--bus", c.Bus.Address); strings.Contains(out, "LEARNING") {
+		t.Fatalf("status trusts a learn window others may write:\n%s", out)
+	}
+}
