@@ -189,6 +189,15 @@ func TestShellOnSystemd(t *testing.T) {
 		})
 	}
 
+	// The fail-safe the design rests on: a shell's transient unit as caged
+	// starts it, without the drop-in that carries the walls and the command,
+	// is refused by systemd rather than run.
+	if _, stderr, code := run(`busctl call org.freedesktop.systemd1 /org/freedesktop/systemd1 org.freedesktop.systemd1.Manager StartTransientUnit 'ssa(sv)a(sa(sv))' nixcage-shell-nodropin.service fail 1 Description s probe 0`); code == 0 || !strings.Contains(stderr, "bad unit file setting") {
+		t.Errorf("a shell unit without its drop-in: exit %d, %q; want systemd to refuse it", code, stderr)
+	} else if why := sh("journalctl -u nixcage-shell-nodropin.service -o cat --no-pager"); !strings.Contains(why, "Service has no ExecStart=") {
+		t.Errorf("systemd refused the unit for another reason:\n%s", why)
+	}
+
 	// An operator is refused, naming the role.
 	if _, stderr, code := run("setpriv --reuid=runner --regid=runner --init-groups cagectl shell svc -- true"); code != 3 || !strings.Contains(stderr, `role "admin"`) {
 		t.Errorf("operator: exit %d, stderr %q; want 3 naming role admin", code, stderr)

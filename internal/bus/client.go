@@ -373,6 +373,10 @@ func decodeEvent(sig *dbus.Signal) (Event, bool) {
 		keys = []string{"agent", "backend", "by"}
 	case SignalRunFinished:
 		keys = []string{"agent", "exit_status", "summary"}
+	case SignalApprovalPending:
+		keys = []string{"agent", "id", "host", "port", "method", "path", "since_unix", "expires_unix"}
+	case SignalApprovalDecided:
+		keys = []string{"agent", "id", "verdict", "by"}
 	case SignalShellOpened:
 		keys = []string{"agent", "by", "command", "unit"}
 	case SignalShellClosed:

@@ -46,6 +46,7 @@ type Backend interface {
 	ConfigBackend
 	LogsBackend
 	GrantsBackend
+	ApprovalsBackend
 	ControlBackend
 }
 
@@ -719,6 +720,16 @@ var managerSignals = []introspect.Signal{
 	{Name: SignalTurnStarted, Args: []introspect.Arg{{Name: "agent", Type: "s"}, {Name: "by", Type: "s"}}},
 	{Name: SignalTurnFinished, Args: []introspect.Arg{{Name: "agent", Type: "s"}, {Name: "by", Type: "s"}, {Name: "status", Type: "s"}, {Name: "exit_status", Type: "i"}, {Name: "duration_ms", Type: "t"}}},
 	{Name: SignalFileTransferred, Args: []introspect.Arg{{Name: "agent", Type: "s"}, {Name: "op", Type: "s"}, {Name: "path", Type: "s"}, {Name: "bytes", Type: "t"}, {Name: "outcome", Type: "s"}, {Name: "by", Type: "s"}}},
+}
+
+// introspectSignal is a signal with "name:type" arguments.
+func introspectSignal(name string, args ...string) introspect.Signal {
+	sig := introspect.Signal{Name: name}
+	for _, a := range args {
+		n, t, _ := strings.Cut(a, ":")
+		sig.Args = append(sig.Args, introspect.Arg{Name: n, Type: t})
+	}
+	return sig
 }
 
 func (s *Server) introspect(path string) string {

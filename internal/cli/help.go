@@ -63,6 +63,14 @@ var help = map[string]helpText{
 			"cagectl allow claude api.example.com:8443 --for 30m",
 		},
 	},
+	"approvals": {
+		long:     "Requests outside an agent's policy that wait for an operator (agents with an approval { wait = \"30s\" } block): id, agent, host and port, method and path where the gateway saw them (a CONNECT has no path), when they started waiting and how long is left. Viewer role; without AGENT every agent you may view. caged also announces each one (D-Bus signal ApprovalPending, journal event approval-pending). See docs/grants.md.",
+		examples: []string{"cagectl approvals", "cagectl approvals claude --json"},
+	},
+	"approve": {
+		long:     "Decides a waiting request (operator over its agent): once lets it (and any request waiting for the same host and port) through; host also grants the host for the default grant time (cagectl grants list shows it); deny refuses it with a 403 saying it was denied, and the same host is refused without asking for a minute. The gateway applies the decision within a fraction of a second; the audit names the approver (rule approval:ID). See docs/grants.md.",
+		examples: []string{"cagectl approve a-3f2a9c01b7de once", "cagectl approve a-3f2a9c01b7de host", "cagectl approve a-3f2a9c01b7de deny"},
+	},
 	"grants list": {
 		long:     "The grants in force (expired ones are gone), of one agent or of every agent you may view (viewer role); also shown by cagectl status.",
 		examples: []string{"cagectl grants list", "cagectl grants list claude --json"},

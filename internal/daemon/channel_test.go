@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -218,8 +219,8 @@ store {
 	}
 
 	// Replays of the old, validly signed generation 1: an index that
-	// claims it is new (the store's rollback protection decides), and one
-	// that names it honestly (older than current). Refused, nothing switched.
+	// claims it is new, and one that names it honestly. The store's
+	// rollback protection refuses both; nothing is switched.
 	writeIndex := func(gen uint64, dir string) {
 		t.Helper()
 		b, err := (&channel.Index{Schema: 1, Channel: "stable", Generation: gen, Release: dir}).Marshal()
@@ -235,7 +236,7 @@ store {
 		want string
 	}{
 		{50, "generation 1 is not newer than the accepted generation 3 (rollback protection)"},
-		{1, "the channel serves generation 1, older than the current generation 3"},
+		{1, "generation 1 is not newer than the accepted generation 3 (rollback protection)"},
 	} {
 		writeIndex(tc.gen, channel.ReleaseDir(1))
 		for _, h := range hosts {
@@ -274,5 +275,111 @@ store {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %q:\n%s", want, body)
 		}
+	}
+
+	// An operator rolls host-b back to 3: the channel still serves 5,
+	// which the store refuses (rollback protection), and that is no error:
+	// the rollback stands until something newer is published.
+	h := hosts[1]
+	if _, _, err := h.cl.Rollback(ctx, 3, false); err != nil {
+		t.Fatal(err)
+	}
+	after := time.Now().Unix() + 1
+	st := waitChannel(t, h, "a poll after the rollback", func(st *bus.Status) bool { return st.ChannelPoll.LastPollUnix > after })
+	if st.Generation != 3 || st.ChannelPoll.LastError != "" || st.ChannelPoll.Lag != 2 || currentOf(h) != "generations/3" {
+		t.Fatalf("after an operator rollback to 3 with the channel at 5: generation %d, %+v", st.Generation, st.ChannelPoll)
+	}
+}
+
+// TestChannelRecoversFromRevokedKey is the fast-forward attack through the
+// channel (red team): a compromised but still trusted release key
+// publishes generation 2^64-1 and every host takes it; the root keys then
+// revoke that key, and the legitimate publisher ships generation 2 signed
+// by the new key with the key set in the channel's keys/. The store's
+// counter accepts it (docs/store.md); the poller must hand it over rather
+// than judge by number. Before it did, it answered "the channel serves
+// generation 2, older than the current generation 18446744073709551615"
+// on every poll: the host stayed on the attacker's release for ever.
+func TestChannelRecoversFromRevokedKey(t *testing.T) {
+	releasetest.RequireNix(t)
+	key1, _, pub1Path := releasetest.Key(t, release.AlgEd25519)
+	key2, pub2, _ := releasetest.Key(t, release.AlgEd25519)
+	root, rootPub, rootPath := releasetest.Key(t, release.AlgEd25519)
+	chanDir := t.TempDir()
+	srv := httptest.NewServer(http.FileServer(http.Dir(chanDir)))
+	defer srv.Close()
+	ctx := context.Background()
+	build := func(gen uint64, signer *release.PrivateKey, variant string) string {
+		top := releasetest.Closure(t, variant, 4<<10)
+		out := filepath.Join(t.TempDir(), "rel")
+		if _, err := release.Create(ctx, release.CreateOptions{StorePath: top, Keys: []*release.PrivateKey{signer},
+			Channel: "stable", Generation: gen, Expires: releasetest.Expires(), Out: out, Compression: "none"}); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+
+	const cfg = `
+store {
+  channel   = "stable"
+  keys      = ["/etc/nixcage/release.pub"]
+  root_keys = ["/etc/nixcage/root.pub"]
+}
+`
+	c := daemontest.Start(t, cfg)
+	for p, src := range map[string]string{"/etc/nixcage/release.pub": pub1Path, "/etc/nixcage/root.pub": rootPath} {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.MkdirAll(filepath.Dir(c.Path(p)), 0o755)
+		if err := os.WriteFile(c.Path(p), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.WriteConfig(cfg + fmt.Sprintf("channel {\n  url = %q\n  interval = \"1s\"\n}\n", srv.URL+"/"))
+	c.Restart()
+	h := channelHost{name: "host", c: c, cl: c.Client()}
+
+	if _, err := channel.Publish(ctx, build(1, key1, "revoke-1"), chanDir); err != nil {
+		t.Fatal(err)
+	}
+	waitChannel(t, h, "generation 1 applied", func(st *bus.Status) bool { return st.Generation == 1 })
+	const attack = uint64(math.MaxUint64)
+	if _, err := channel.Publish(ctx, build(attack, key1, "revoke-attack"), chanDir); err != nil {
+		t.Fatal(err)
+	}
+	waitChannel(t, h, "the attacker's generation applied", func(st *bus.Status) bool { return st.Generation == attack })
+
+	// The root revokes key 1 (key set 1 trusts key 2 only) and the
+	// legitimate publisher takes the channel back: its index is replaced.
+	good := build(2, key2, "revoke-2")
+	ks := &release.KeySet{Schema: release.Schema, Version: 1, Created: time.Now().UTC().Truncate(time.Second),
+		Expires: time.Now().Add(365 * 24 * time.Hour).UTC().Truncate(time.Second)}
+	var err error
+	if ks.Root, err = release.NewRole([]*release.PublicKey{rootPub}, 1); err != nil {
+		t.Fatal(err)
+	}
+	if ks.Release, err = release.NewRole([]*release.PublicKey{pub2}, 1); err != nil {
+		t.Fatal(err)
+	}
+	raw, sig, err := release.SignKeySet(ks, []*release.PrivateKey{root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.MkdirAll(filepath.Join(good, release.KeySetDir), 0o755)
+	os.WriteFile(filepath.Join(good, release.KeySetDir, release.KeySetFile(1)), raw, 0o644)
+	os.WriteFile(filepath.Join(good, release.KeySetDir, release.KeySetFile(1)+".sig"), sig, 0o644)
+	if err := os.Remove(filepath.Join(chanDir, channel.IndexFile)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := channel.Publish(ctx, good, chanDir); err != nil {
+		t.Fatal(err)
+	}
+	st := waitChannel(t, h, "key 2's generation 2 applied after the revocation", func(st *bus.Status) bool {
+		return st.Generation == 2 && st.ChannelPoll.LastError == ""
+	})
+	if st.ChannelPoll.Lag != 0 || st.Freshness != "ok" {
+		t.Fatalf("after recovering: %+v, freshness %s %s", st.ChannelPoll, st.Freshness, st.FreshnessMessage)
 	}
 }

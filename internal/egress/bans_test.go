@@ -4,11 +4,14 @@ import (
 	"bufio"
 	"crypto/tls"
 	"encoding/json"
+	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -16,6 +19,7 @@ import (
 
 	"github.com/nixcage/nixcage/internal/egress/audit"
 	"github.com/nixcage/nixcage/internal/policy"
+	"github.com/nixcage/nixcage/internal/testenv"
 )
 
 // writeBans writes the bans file as caged does (temporary file renamed).
@@ -36,6 +40,24 @@ func writeBans(t *testing.T, path string, bans ...policy.Ban) {
 	}
 }
 
+// banPolicy allows plain. and other.example.com, tunnelled (not
+// intercepted), and names a bans file and a grants file in a root-owned
+// 0755 directory, as caged's are.
+func banPolicy(t *testing.T, bfile, gfile *string) func(*policy.Runtime) {
+	return func(rt *policy.Runtime) {
+		rt.Policy.Allow = []string{"plain.example.com", "other.example.com"}
+		rt.Policy.Inspect = nil
+		rt.Secrets = nil
+		dir := filepath.Join(filepath.Dir(rt.AuditFile), "control-run")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		os.Chmod(dir, 0o755)
+		*bfile, *gfile = filepath.Join(dir, "bans.json"), filepath.Join(dir, "grants.json")
+		rt.BansFile, rt.GrantsFile = *bfile, *gfile
+	}
+}
+
 // TestBanLiveInGateway: the real gateway watching a real bans file. A ban
 // written while it runs refuses the banned host at once (no restart),
 // beats the policy's allow list and a grant, is refused in DNS, closes the
@@ -47,18 +69,7 @@ func TestBanLiveInGateway(t *testing.T) {
 		t.Skip("bans files must be owned by root (uid 0); run as root")
 	}
 	var bfile, gfile string
-	h := newHarness(t, func(rt *policy.Runtime) {
-		rt.Policy.Allow = []string{"plain.example.com", "other.example.com"}
-		rt.Policy.Inspect = nil
-		rt.Secrets = nil
-		dir := filepath.Join(filepath.Dir(rt.AuditFile), "control-run")
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		os.Chmod(dir, 0o755)
-		bfile, gfile = filepath.Join(dir, "bans.json"), filepath.Join(dir, "grants.json")
-		rt.BansFile, rt.GrantsFile = bfile, gfile
-	})
+	h := newHarness(t, banPolicy(t, &bfile, &gfile))
 	port := h.up.tlsPort
 	auth := func(host string) string { return host + ":" + strconv.Itoa(port) }
 	now := time.Now()
@@ -139,5 +150,74 @@ func TestBanLiveInGateway(t *testing.T) {
 	h.pollConnect(t, auth("other.example.com"), http.StatusOK).Close()
 	if st := tlsGet(t, unrelated, ubr, "plain.example.com"); st != http.StatusOK {
 		t.Fatalf("unrelated open tunnel after the unban: status %d", st)
+	}
+}
+
+// TestBanInCageNetns is the production shape: the gateway a separate
+// process, socket-activated in a cage network namespace holding only lo,
+// the agent's curl inside it. A ban written while the gateway runs refuses
+// the banned host to the agent (403, audit rule ban:…) with no restart of
+// the gateway (same process), and a tunnel the agent holds open to an
+// unrelated host keeps working.
+func TestBanInCageNetns(t *testing.T) {
+	testenv.RequirePrivileged(t)
+	curl := testenv.LookPath(t, "curl")
+	var bfile, gfile string
+	h := setupHarness(t, banPolicy(t, &bfile, &gfile))
+	agent, gw := startCage(t, h)
+	port := strconv.Itoa(h.up.tlsPort)
+	get := func(host string) string {
+		out, _ := agent(curl, "-sS", "--max-time", "20", "--proxy", "http://127.0.0.1:3128", "--cacert", h.up.rootsFile,
+			"-o", "/dev/null", "-w", "%{http_connect} %{http_code}", "https://"+host+":"+port+"/ns")
+		// "200 200" through an open tunnel; "403 000" when the CONNECT
+		// is refused (after curl's own message on stderr).
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		return lines[len(lines)-1]
+	}
+
+	// The agent's long-lived tunnel to an unrelated host, dialled from
+	// inside the cage's namespace.
+	var raw net.Conn
+	if err := inNetns(h.cageNetns, func() (err error) {
+		raw, err = net.Dial("tcp", "127.0.0.1:3128")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	fmt.Fprintf(raw, "CONNECT plain.example.com:%s HTTP/1.1\r\nHost: plain.example.com:%s\r\n\r\n", port, port)
+	br0 := bufio.NewReader(raw)
+	resp, err := http.ReadResponse(br0, &http.Request{Method: http.MethodConnect})
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("CONNECT from the cage: %v %v", resp, err)
+	}
+	tc := tls.Client(raw, &tls.Config{ServerName: "plain.example.com", RootCAs: h.up.roots})
+	br := bufio.NewReader(tc)
+	if st := tlsGet(t, tc, br, "plain.example.com"); st != http.StatusOK {
+		t.Fatalf("unrelated tunnel: %d", st)
+	}
+	if got := get("other.example.com"); got != "200 200" {
+		t.Fatalf("other.example.com before the ban: %s", got)
+	}
+
+	writeBans(t, bfile, policy.Ban{ID: "b-0123456789ab", Host: "other.example.com", Agent: "*", CreatedUnix: time.Now().Unix(), Command: strings.Repeat("ab", 32), Reason: "exfiltration endpoint"})
+	deadline := time.Now().Add(10 * time.Second)
+	for got := get("other.example.com"); !strings.HasPrefix(got, "403"); got = get("other.example.com") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the ban never reached the running gateway: curl says %q", got)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	h.want(t, func(r audit.Record) bool {
+		return is("CONNECT", "other.example.com", h.up.tlsPort)(r) && r.Decision == audit.Blocked
+	}, audit.Blocked, "ban:b-0123456789ab")
+	if st := tlsGet(t, tc, br, "plain.example.com"); st != http.StatusOK {
+		t.Fatalf("the unrelated open tunnel after the ban: %d", st)
+	}
+	if gw.ProcessState != nil {
+		t.Fatalf("the gateway exited: %v", gw.ProcessState)
+	}
+	if err := gw.Process.Signal(syscall.Signal(0)); err != nil {
+		t.Fatalf("the gateway process (pid %d) is gone: %v", gw.Process.Pid, err)
 	}
 }

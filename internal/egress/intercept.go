@@ -73,7 +73,7 @@ func (g *Gateway) intercept(raw net.Conn, pre []byte, t *target, rec audit.Recor
 	err := tc.HandshakeContext(ctx)
 	cancel()
 	finish := func(decision, rule, reason string) {
-		rec.Decision, rec.Rule, rec.Reason = decision, rule, reason
+		rec.Decision, rec.Rule, rec.Reason = decision, rule, withNote(rec.Reason, reason)
 		rec.BytesOut, rec.BytesIn = cc.out.Load(), cc.in.Load()
 		rec.DurationMS = time.Since(start).Milliseconds()
 		g.logAudit(rec)

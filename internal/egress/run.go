@@ -199,6 +199,9 @@ func runServe(ctx context.Context, args []string, stdio Stdio) error {
 		g.logAudit(audit.Record{Event: audit.EventLearn, Decision: audit.Blocked, Rule: policy.RuleLearn,
 			Reason: "learn mode is configured but its window could not be read (see the gateway's log); the policy applies"})
 	}
+	if g.approvals != nil {
+		g.approvals.clearStale()
+	}
 	ls, err := listeners(f)
 	if err != nil {
 		return err

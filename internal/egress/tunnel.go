@@ -112,7 +112,7 @@ func (g *Gateway) relay(conn, up net.Conn, t *target, rec audit.Record, start ti
 	if b := lt.bannedBy(); b != nil {
 		reason = "tunnel to " + t.host + " closed: " + policy.Banned(b, t.host).Reason
 	}
-	rec.Event, rec.Decision, rec.Rule, rec.Reason = audit.EventClose, audit.Allowed, t.rule, reason
+	rec.Event, rec.Decision, rec.Rule, rec.Reason = audit.EventClose, audit.Allowed, t.rule, withNote(rec.Reason, reason)
 	rec.BytesOut, rec.BytesIn = out+sent, in
 	rec.DurationMS = time.Since(start).Milliseconds()
 	g.logAudit(rec)
@@ -166,7 +166,7 @@ func (d *earlyDial) discard() {
 // logOpen writes the open record of an allowed tunnel (intercepted or
 // not); its close record follows with bytes and duration.
 func (g *Gateway) logOpen(rec audit.Record, t *target, reason string, start time.Time) {
-	rec.Event, rec.Decision, rec.Rule, rec.Reason = audit.EventOpen, audit.Allowed, t.rule, reason
+	rec.Event, rec.Decision, rec.Rule, rec.Reason = audit.EventOpen, audit.Allowed, t.rule, withNote(rec.Reason, reason)
 	rec.DurationMS = time.Since(start).Milliseconds()
 	g.logAudit(rec)
 }

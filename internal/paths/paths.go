@@ -57,7 +57,7 @@ const (
 // agent. caged sends each only to subscribed callers allowed to view that
 // agent, and the rendered bus policy lets only root and the declared
 // accounts receive them at all.
-var BusAuditSignals = []string{"EgressDecision", "AgentQuarantined", "AgentReleased", "AgentKilled", "RelayAction"}
+var BusAuditSignals = []string{"EgressDecision", "AgentQuarantined", "AgentReleased", "AgentKilled", "RelayAction", "ApprovalPending", "ApprovalDecided"}
 
 // Unit names. Templates are instantiated with the agent name.
 const (
@@ -140,9 +140,28 @@ func EgressState(agent string) string { return filepath.Join(EgressStateRoot, ag
 // files in RuntimeRoot.
 func Runtime(agent string) string { return filepath.Join(RuntimeRoot, "cage", agent) }
 
+// BindCheckRoot is the root directory the service cage's store bind check
+// runs in: an empty directory systemd makes for each start (the unit's
+// RuntimeDirectory=) and removes after it.
+func BindCheckRoot(agent string) string { return filepath.Join(RuntimeRoot, "binds", agent) }
+
 // GrantsFile holds an agent's time-bound grants: written by caged (root),
 // read by its gateway, in the runtime directory only root can write.
 func GrantsFile(agent string) string { return filepath.Join(Runtime(agent), "grants.json") }
+
+// ApprovalPendingDir is where an agent's gateway writes the requests
+// waiting for an operator: its own RuntimeDirectory (ApprovalRuntimeDirectory),
+// writable by its dynamic user, read by caged.
+func ApprovalPendingDir(agent string) string {
+	return filepath.Join("/run", ApprovalRuntimeDirectory(agent))
+}
+
+// ApprovalRuntimeDirectory is the gateway's RuntimeDirectory= (relative to /run).
+func ApprovalRuntimeDirectory(agent string) string { return "nixcage-egress/" + agent }
+
+// ApprovalDecisionsDir is where caged writes operators' decisions, in the
+// agent's root-owned runtime directory; the gateway reads them.
+func ApprovalDecisionsDir(agent string) string { return filepath.Join(Runtime(agent), "approvals") }
 
 // ControlDir holds caged's control-command state (docs/fleet.md): the
 // replay cache and the acknowledgements (0700, root only).

@@ -39,6 +39,8 @@ type Runtime struct {
 	BansFile string `json:"bans_file,omitempty"`
 	// Learn turns on learn mode (learn.go); nil: off.
 	Learn *Learn `json:"learn,omitempty"`
+	// Approval turns on the approval queue (approval.go); nil: off.
+	Approval *Approval `json:"approval,omitempty"`
 	// CADir holds ca.crt (0644) and ca.key (0600) for TLS interception.
 	CADir string `json:"ca_dir"`
 }
@@ -177,6 +179,11 @@ func Parse(data []byte) (*Runtime, error) {
 	}
 	if r.Learn != nil {
 		if err := r.Learn.Check(); err != nil {
+			return nil, fmt.Errorf("egress config: %w", err)
+		}
+	}
+	if r.Approval != nil {
+		if err := r.Approval.Check(); err != nil {
 			return nil, fmt.Errorf("egress config: %w", err)
 		}
 	}

@@ -31,8 +31,14 @@ func Runtime(a *config.Agent) *policy.Runtime {
 	if a.Learn != nil {
 		learn = &policy.Learn{ForSeconds: int64(a.Learn.For / time.Second), File: paths.LearnFile(a.Name), Deny: a.Learn.Deny}
 	}
+	var approval *policy.Approval
+	if a.Approval != nil {
+		approval = &policy.Approval{WaitSeconds: int64(a.Approval.Wait / time.Second), MaxPending: a.Approval.MaxPending,
+			PendingDir: paths.ApprovalPendingDir(a.Name), DecisionsDir: paths.ApprovalDecisionsDir(a.Name)}
+	}
 	return &policy.Runtime{
 		Learn:           learn,
+		Approval:        approval,
 		Schema:          policy.Schema,
 		Agent:           a.Name,
 		Policy:          a.Policy,
