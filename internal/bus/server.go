@@ -46,6 +46,8 @@ type Backend interface {
 	ConfigBackend
 	LogsBackend
 	GrantsBackend
+	ApprovalsBackend
+	ControlBackend
 }
 
 // Backend errors the server maps to D-Bus error names.
@@ -72,7 +74,11 @@ type Server struct {
 	agents   map[string]*agentObject
 	mgrProps *prop.Properties
 	subs     map[string]Identity // unique bus name -> who subscribed
+	// calls end when their caller leaves the bus (long calls: turns).
+	calls map[string]map[*callerCall]bool
 }
+
+type callerCall struct{ cancel context.CancelFunc }
 
 // maxSubscribers bounds the subscriptions caged keeps; dbus-daemon bounds
 // connections per user, this bounds the total.
@@ -86,7 +92,7 @@ func NewServer(conn *dbus.Conn, be Backend, o ServerOptions) *Server {
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
-	return &Server{conn: conn, be: be, users: o.Users, log: o.Log, uids: map[string]uint32{}, agents: map[string]*agentObject{}, subs: map[string]Identity{}}
+	return &Server{conn: conn, be: be, users: o.Users, log: o.Log, uids: map[string]uint32{}, agents: map[string]*agentObject{}, subs: map[string]Identity{}, calls: map[string]map[*callerCall]bool{}}
 }
 
 // ManagerProps are the Manager's initial property values.
@@ -262,7 +268,8 @@ func (s *Server) UpdateAgent(st AgentStatus) {
 // The run signals are left out of the bus policy's receive rules: a run's
 // owner must get its summary even if dbus-daemon loaded the policy before
 // the owner's account existed.
-var scopedSignals = append(slices.Clone(paths.BusAuditSignals), SignalRunStarted, SignalRunFinished)
+var scopedSignals = append(slices.Clone(paths.BusAuditSignals), SignalRunStarted, SignalRunFinished,
+	SignalTurnStarted, SignalTurnFinished, SignalFileTransferred, SignalShellOpened, SignalShellClosed)
 
 // Emit sends a Manager signal. Signals carrying audit data (scopedSignals;
 // args[0] is the agent or run) are never broadcast: each goes, addressed,
@@ -321,11 +328,43 @@ func (s *Server) watchSubscribers() error {
 				s.mu.Lock()
 				delete(s.subs, name)
 				delete(s.uids, name)
+				for c := range s.calls[name] {
+					c.cancel()
+				}
+				delete(s.calls, name)
 				s.mu.Unlock()
 			}
 		}
 	}()
 	return nil
+}
+
+// callerContext is a context for a long call that ends when sender leaves
+// the bus (its connection closed: cagectl interrupted, a relay restarted),
+// so caged does not go on with work nobody waits for. cancel releases it.
+func (s *Server) callerContext(sender dbus.Sender) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &callerCall{cancel: cancel}
+	s.mu.Lock()
+	if s.calls[string(sender)] == nil {
+		s.calls[string(sender)] = map[*callerCall]bool{}
+	}
+	s.calls[string(sender)][c] = true
+	s.mu.Unlock()
+	// The caller may have left before the entry existed.
+	var has bool
+	if err := s.conn.BusObject().Call("org.freedesktop.DBus.NameHasOwner", 0, string(sender)).Store(&has); err == nil && !has {
+		cancel()
+	}
+	return ctx, func() {
+		cancel()
+		s.mu.Lock()
+		delete(s.calls[string(sender)], c)
+		if len(s.calls[string(sender)]) == 0 {
+			delete(s.calls, string(sender))
+		}
+		s.mu.Unlock()
+	}
 }
 
 // subscribe records sender as a receiver of audit signals.
@@ -430,6 +469,8 @@ func fail(err error) *dbus.Error {
 		return newError(ErrorQuarantined, "%v", err)
 	case errors.Is(err, ErrIO):
 		return newError(ErrorIO, "%v", err)
+	case errors.Is(err, ErrBusy):
+		return newError(ErrorBusy, "%v", err)
 	}
 	return newError(ErrorFailed, "%v", err)
 }
@@ -638,6 +679,13 @@ var argNames = map[string][]string{
 	"AttachConsole":   {"name", "console"},
 	"ResizeConsole":   {"name", "rows", "cols"},
 	"SignalRun":       {"name", "signal"},
+	"OpenShell":       {"request", "stdin", "stdout", "stderr", "unit"},
+	"TurnAgent":       {"name", "text", "reply", "status", "exit_status"},
+	"Turn":            {"text", "reply", "status", "exit_status"},
+	"GetAgentFile":    {"name", "path", "max_bytes", "fd", "size"},
+	"GetFile":         {"path", "max_bytes", "fd", "size"},
+	"PutAgentFile":    {"agent", "name", "fd", "saved_path"},
+	"PutFile":         {"name", "fd", "saved_path"},
 }
 
 func methods(v any, agentScoped bool) []introspect.Method {
@@ -667,6 +715,21 @@ var managerSignals = []introspect.Signal{
 	{Name: SignalEgressFailed, Args: []introspect.Arg{{Name: "agent", Type: "s"}, {Name: "reason", Type: "s"}, {Name: "recover", Type: "s"}}},
 	{Name: SignalRunStarted, Args: []introspect.Arg{{Name: "name", Type: "s"}, {Name: "backend", Type: "s"}, {Name: "by", Type: "s"}}},
 	{Name: SignalRunFinished, Args: []introspect.Arg{{Name: "name", Type: "s"}, {Name: "exit_status", Type: "i"}, {Name: "summary", Type: "s"}}},
+	{Name: SignalShellOpened, Args: []introspect.Arg{{Name: "agent", Type: "s"}, {Name: "by", Type: "s"}, {Name: "command", Type: "s"}, {Name: "unit", Type: "s"}}},
+	{Name: SignalShellClosed, Args: []introspect.Arg{{Name: "agent", Type: "s"}, {Name: "by", Type: "s"}, {Name: "exit_status", Type: "i"}, {Name: "unit", Type: "s"}}},
+	{Name: SignalTurnStarted, Args: []introspect.Arg{{Name: "agent", Type: "s"}, {Name: "by", Type: "s"}}},
+	{Name: SignalTurnFinished, Args: []introspect.Arg{{Name: "agent", Type: "s"}, {Name: "by", Type: "s"}, {Name: "status", Type: "s"}, {Name: "exit_status", Type: "i"}, {Name: "duration_ms", Type: "t"}}},
+	{Name: SignalFileTransferred, Args: []introspect.Arg{{Name: "agent", Type: "s"}, {Name: "op", Type: "s"}, {Name: "path", Type: "s"}, {Name: "bytes", Type: "t"}, {Name: "outcome", Type: "s"}, {Name: "by", Type: "s"}}},
+}
+
+// introspectSignal is a signal with "name:type" arguments.
+func introspectSignal(name string, args ...string) introspect.Signal {
+	sig := introspect.Signal{Name: name}
+	for _, a := range args {
+		n, t, _ := strings.Cut(a, ":")
+		sig.Args = append(sig.Args, introspect.Arg{Name: n, Type: t})
+	}
+	return sig
 }
 
 func (s *Server) introspect(path string) string {

@@ -100,11 +100,12 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		g.refuse(w, r, rec, block(http.StatusBadRequest, "authority", "%v", err), start)
 		return
 	}
-	dec := g.decide(st, host, port, r.Method)
-	if dec.Result != policy.Allow {
-		g.refuse(w, r, rec, block(http.StatusForbidden, dec.Rule, "%s", dec.Reason), start)
+	dec, b := g.admit(r.Context(), st, g.decide(st, host, port, r.Method), host, port, r.Method, r.URL.Path)
+	if b != nil {
+		g.refuse(w, r, rec, b, start)
 		return
 	}
+	rec.Reason = approvedBy(dec)
 	rec.Rule = dec.Rule
 	dst, err := g.resolve(r.Context(), st, host, port)
 	if err != nil {
@@ -160,15 +161,19 @@ func (g *Gateway) handleConnect(w http.ResponseWriter, r *http.Request, st *stat
 	}
 	lit, isLit := benchLiteral(g.opts.UnsafeBenchIPLiterals, host)
 	var dec policy.Decision
+	var b *blockedErr
 	if isLit {
-		dec = decideLiteralPort(st, port)
+		if dec = decideLiteralPort(st, port); dec.Result != policy.Allow {
+			b = block(http.StatusForbidden, dec.Rule, "%s", dec.Reason)
+		}
 	} else {
-		dec = g.decide(st, host, port, http.MethodConnect)
+		dec, b = g.admit(r.Context(), st, g.decide(st, host, port, http.MethodConnect), host, port, http.MethodConnect, "")
 	}
-	if dec.Result != policy.Allow {
-		g.refuse(w, r, rec, block(http.StatusForbidden, dec.Rule, "%s", dec.Reason), start)
+	if b != nil {
+		g.refuse(w, r, rec, b, start)
 		return
 	}
+	rec.Reason = approvedBy(dec)
 	rec.Rule = dec.Rule
 	if !st.limiter.allow(host) {
 		g.refuse(w, r, rec, block(http.StatusTooManyRequests, "rate-limit", "rate limit for %s exceeded", host), start)
@@ -224,6 +229,8 @@ func (g *Gateway) handleConnect(w http.ResponseWriter, r *http.Request, st *stat
 		go func() {
 			defer release()
 			defer conn.Close()
+			_, untrack := g.track(host, conn)
+			defer untrack()
 			g.intercept(conn, pre, t, rec, start)
 		}()
 		return
@@ -242,7 +249,9 @@ func (g *Gateway) handleConnect(w http.ResponseWriter, r *http.Request, st *stat
 		defer release()
 		defer conn.Close()
 		defer up.Close()
-		g.relay(conn, up, t, rec, start, sent)
+		lt, untrack := g.track(host, conn)
+		defer untrack()
+		g.relay(conn, up, t, rec, start, sent, lt)
 	}()
 }
 

@@ -183,6 +183,11 @@ func runServe(ctx context.Context, args []string, stdio Stdio) error {
 		defer stopGrants()
 		go g.watchGrants(gctx, rt.GrantsFile)
 	}
+	if rt.BansFile != "" {
+		bctx, stopBans := context.WithCancel(ctx)
+		defer stopBans()
+		go g.watchBans(bctx, rt.BansFile)
+	}
 	// Learn mode's window was stamped by the prepare step; it is read
 	// once and announced before anything is served.
 	if l := g.loadLearning(rt); l != nil {
@@ -193,6 +198,9 @@ func runServe(ctx context.Context, args []string, stdio Stdio) error {
 	} else if rt.Learn != nil {
 		g.logAudit(audit.Record{Event: audit.EventLearn, Decision: audit.Blocked, Rule: policy.RuleLearn,
 			Reason: "learn mode is configured but its window could not be read (see the gateway's log); the policy applies"})
+	}
+	if g.approvals != nil {
+		g.approvals.clearStale()
 	}
 	ls, err := listeners(f)
 	if err != nil {
@@ -288,7 +296,7 @@ func reload(g *Gateway, path string) error {
 
 func (g *Gateway) dnsConfig() dnsfilter.Config {
 	st := g.st.Load()
-	return dnsfilter.Config{Policy: st.pol, Guard: st.guard, Grants: *g.grants.Load(), Learning: g.learn.Load()}
+	return dnsfilter.Config{Policy: st.pol, Guard: st.guard, Grants: *g.grants.Load(), Learning: g.learn.Load(), Bans: g.Bans()}
 }
 
 // loadCA finds the CA key: the LoadCredential= copy first, then CADir. With

@@ -103,13 +103,16 @@ func (g *Gateway) openTunnel(conn net.Conn, pre []byte, t *target, rec audit.Rec
 // relay is the second stage: it copies both ways until the tunnel ends and
 // writes the close record with bytes and duration. It keeps no buffer of
 // its own (the ClientHello is not referenced past openTunnel).
-func (g *Gateway) relay(conn, up net.Conn, t *target, rec audit.Record, start time.Time, sent int64) {
+func (g *Gateway) relay(conn, up net.Conn, t *target, rec audit.Record, start time.Time, sent int64, lt *liveTunnel) {
 	out, in, err := splice(conn, up, t.st.idle)
 	reason := "tunnel to " + t.host + " closed"
 	if errors.Is(err, errIdle) {
 		reason = "tunnel to " + t.host + " closed after idle timeout"
 	}
-	rec.Event, rec.Decision, rec.Rule, rec.Reason = audit.EventClose, audit.Allowed, t.rule, reason
+	if b := lt.bannedBy(); b != nil {
+		reason = "tunnel to " + t.host + " closed: " + policy.Banned(b, t.host).Reason
+	}
+	rec.Event, rec.Decision, rec.Rule, rec.Reason = audit.EventClose, audit.Allowed, t.rule, withNote(rec.Reason, reason)
 	rec.BytesOut, rec.BytesIn = out+sent, in
 	rec.DurationMS = time.Since(start).Milliseconds()
 	g.logAudit(rec)
@@ -163,7 +166,7 @@ func (d *earlyDial) discard() {
 // logOpen writes the open record of an allowed tunnel (intercepted or
 // not); its close record follows with bytes and duration.
 func (g *Gateway) logOpen(rec audit.Record, t *target, reason string, start time.Time) {
-	rec.Event, rec.Decision, rec.Rule, rec.Reason = audit.EventOpen, audit.Allowed, t.rule, reason
+	rec.Event, rec.Decision, rec.Rule, rec.Reason = audit.EventOpen, audit.Allowed, t.rule, withNote(rec.Reason, reason)
 	rec.DurationMS = time.Since(start).Milliseconds()
 	g.logAudit(rec)
 }

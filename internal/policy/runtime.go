@@ -34,8 +34,13 @@ type Runtime struct {
 	// GrantsFile holds the time-bound grants caged writes (grants.go); the
 	// gateway watches it. Empty: no grants.
 	GrantsFile string `json:"grants_file,omitempty"`
+	// BansFile holds the host-wide bans of signed control commands
+	// (bans.go); the gateway watches it. Empty: no bans.
+	BansFile string `json:"bans_file,omitempty"`
 	// Learn turns on learn mode (learn.go); nil: off.
 	Learn *Learn `json:"learn,omitempty"`
+	// Approval turns on the approval queue (approval.go); nil: off.
+	Approval *Approval `json:"approval,omitempty"`
 	// CADir holds ca.crt (0644) and ca.key (0600) for TLS interception.
 	CADir string `json:"ca_dir"`
 }
@@ -174,6 +179,11 @@ func Parse(data []byte) (*Runtime, error) {
 	}
 	if r.Learn != nil {
 		if err := r.Learn.Check(); err != nil {
+			return nil, fmt.Errorf("egress config: %w", err)
+		}
+	}
+	if r.Approval != nil {
+		if err := r.Approval.Check(); err != nil {
 			return nil, fmt.Errorf("egress config: %w", err)
 		}
 	}

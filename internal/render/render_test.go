@@ -126,7 +126,7 @@ func TestQuoteArg(t *testing.T) {
 // checks that ExecStart= points at something executable.
 func fakeBinDir(t *testing.T) string {
 	dir := t.TempDir()
-	for _, n := range []string{"caged", "cage-egress", "cagectl"} {
+	for _, n := range []string{"caged", "cage-egress", "cagectl", "cage-relay"} {
 		if err := os.WriteFile(filepath.Join(dir, n), []byte("#!/bin/sh\n"), 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -142,7 +142,7 @@ func renderedUnits(t *testing.T) (dir string, units []string) {
 	}
 	root := renderTo(t, loadExample(t, "reference.hcl"), o)
 	dir = filepath.Join(root, "systemd/system")
-	units = []string{"nixcage-caged.service", "nixcage.target", "var-lib-nixcage-agents-bob.mount", "var-lib-nixcage-agents-carol.mount"}
+	units = []string{"nixcage-caged.service", "nixcage.target", "cage-relay.service", "var-lib-nixcage-agents-bob.mount", "var-lib-nixcage-agents-carol.mount"}
 	for _, a := range []string{"alice", "bob", "carol"} {
 		units = append(units,
 			"nixcage-agent@"+a+".service", "cage-egress@"+a+".service", "cage-egress@"+a+".socket",
@@ -165,7 +165,7 @@ func TestSystemdVerify(t *testing.T) {
 	// only lines naming ours count.
 	var ours []string
 	for _, l := range strings.Split(string(out), "\n") {
-		if strings.Contains(l, "nixcage") || strings.Contains(l, "cage-egress") {
+		if strings.Contains(l, "nixcage") || strings.Contains(l, "cage-egress") || strings.Contains(l, "cage-relay") {
 			ours = append(ours, l)
 		}
 	}
@@ -181,7 +181,10 @@ var ScoreTargets = map[string]float64{
 	"nixcage-agent@alice.service": 1.0, // service backend: SAFE
 	"cage-egress@alice.service":   1.5,
 	"nixcage-prep@alice.service":  1.0,
+	// The store bind check runs at every service-cage start, as root.
+	"nixcage-binds@alice.service": 1.0,
 	"nixcage-caged.service":       2.5,
+	"cage-relay.service":          1.5, // the chat relay: scored like the gateway
 	// nspawn and podman run the container manager as root; the cage's own
 	// isolation (user namespace, dropped capabilities) is not visible to
 	// the scorer. Held to today's value so they cannot regress.
