@@ -126,6 +126,7 @@ type Daemon struct {
 	// fetched, unverified (the consumer verifies them; docs/fleet.md).
 	controlFeed func(ctx context.Context, cmds []channel.Control)
 	consoles    map[string]*console
+	turns       map[string]*turnLane // one queue of turns per agent (turn.go)
 	slicesOnce  sync.Once
 }
 

@@ -70,6 +70,9 @@ const (
 	DNSSocketTpl   = "cage-egress-dns@.socket"
 	EgressTemplate = "cage-egress@.service"
 	AgentTemplate  = "nixcage-agent@.service"
+	// TurnTemplate names the transient unit of one turn of an agent
+	// (docs/relay.md); no unit file of that name is ever installed.
+	TurnTemplate = "nixcage-turn@.service"
 )
 
 // Instance turns "name@.suffix" into "name@agent.suffix".

@@ -87,6 +87,7 @@ type renderer struct {
 	o     Options
 	files []File
 	run   *Throwaway // set when rendering a throw-away cage
+	turn  *Turn      // set when rendering one turn of an agent
 }
 
 func (r *renderer) add(path string, mode os.FileMode, data []byte) {
