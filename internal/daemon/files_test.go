@@ -92,6 +92,20 @@ func workspace(t *testing.T) (ws *os.File, dir, secret string) {
 }
 
 func TestCopyOutStaysInTheWorkspace(t *testing.T) {
+	testCopyOut(t)
+}
+
+// TestCopyOutWithoutOpenat2: the same where openat2 is missing, with
+// walkBeneath (which refuses even links that stay inside).
+func TestCopyOutWithoutOpenat2(t *testing.T) {
+	noOpenat2.Store(true)
+	defer noOpenat2.Store(false)
+	testCopyOut(t)
+	TestCopyOutSymlinkSwap(t)
+	TestSaveInboxNeverOverwritesNorFollows(t)
+}
+
+func testCopyOut(t *testing.T) {
 	ws, dir, secret := workspace(t)
 	os.WriteFile(filepath.Join(dir, "ok.txt"), []byte("fine"), 0o644)
 	os.Symlink("ok.txt", filepath.Join(dir, "inner-link"))
@@ -104,13 +118,19 @@ func TestCopyOutStaysInTheWorkspace(t *testing.T) {
 		t.Fatal(err)
 	}
 	f, n, err := copyOut(ws, "inner-link", 100)
-	if err != nil {
+	switch {
+	case noOpenat2.Load():
+		if err == nil || !strings.Contains(err.Error(), "symlink") {
+			t.Fatalf("without openat2 a link is refused, got %v", err)
+		}
+	case err != nil:
 		t.Fatalf("a link inside the workspace: %v", err)
-	}
-	b, _ := io.ReadAll(f)
-	f.Close()
-	if string(b) != "fine" || n != 4 {
-		t.Fatalf("inner link read %q", b)
+	default:
+		b, _ := io.ReadAll(f)
+		f.Close()
+		if string(b) != "fine" || n != 4 {
+			t.Fatalf("inner link read %q", b)
+		}
 	}
 	for _, tc := range []struct{ path, want string }{
 		{"abs-link", "leads out of the workspace"},
@@ -124,6 +144,9 @@ func TestCopyOutStaysInTheWorkspace(t *testing.T) {
 		{"missing", "no such file"},
 		{"ok.txt", "over the limit of 2 bytes"},
 	} {
+		if noOpenat2.Load() && tc.want == "leads out of the workspace" {
+			tc.want = "symlink" // walkBeneath follows none
+		}
 		limit := uint64(100)
 		if tc.path == "ok.txt" {
 			limit = 2

@@ -3,9 +3,11 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -303,7 +305,7 @@ func (d *Daemon) runTurn(ctx context.Context, a *config.Agent, argv []string, te
 // installTurn writes the turn unit's drop-in (render.RenderTurn) for the
 // agent as declared now.
 func (d *Daemon) installTurn(a *config.Agent, argv []string) error {
-	f, err := render.RenderTurn(d.config(), a.Name, d.rec.Options, argv)
+	f, err := render.RenderTurn(d.config(), a.Name, d.renderedOptions(), argv)
 	if err != nil {
 		return err
 	}
@@ -318,6 +320,26 @@ func (d *Daemon) installTurn(a *config.Agent, argv []string) error {
 		return fmt.Errorf("turn of %s: %w", a.Name, err)
 	}
 	return nil
+}
+
+// renderedOptions are the options the agents' units were rendered with:
+// caged's own in render mode; under --units os those the installed tree
+// records (render.OptionsFile under /etc: NixOS and cagectl render --out
+// /etc), as the tool paths there (NixOS store paths) are not caged's.
+func (d *Daemon) renderedOptions() render.Options {
+	if d.o.Units != reconcile.ModeOS {
+		return d.rec.Options
+	}
+	o := render.DefaultOptions()
+	o.BinDir = d.o.BinDir
+	b, err := os.ReadFile(d.qdirs.Host(filepath.Join(paths.DefaultPrefix, render.OptionsFile)))
+	if err == nil {
+		err = json.Unmarshal(b, &o)
+	}
+	if err != nil {
+		d.log.Warn("no recorded render options; rendering turns with the defaults", "file", filepath.Join(paths.DefaultPrefix, render.OptionsFile), "err", err)
+	}
+	return o
 }
 
 // clearTurnUnit stops and forgets a turn unit a previous caged left (it

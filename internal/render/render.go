@@ -9,6 +9,7 @@
 package render
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -129,7 +130,18 @@ func serialize(sections []section) []byte {
 	return b
 }
 
+// OptionsFile is where a render records its Options, relative to the
+// prefix: caged renders each turn's unit (RenderTurn) with the options the
+// agents' own units were rendered with, which under --units os (NixOS, or
+// cagectl render --out /etc) only the rendered tree knows.
+const OptionsFile = "nixcage/render-options.json"
+
 func (r *renderer) all() error {
+	opts, err := json.MarshalIndent(r.o, "", "  ")
+	if err != nil {
+		return err
+	}
+	r.add(OptionsFile, 0o644, append(opts, '\n'))
 	r.caged()
 	r.templates()
 	r.target()
