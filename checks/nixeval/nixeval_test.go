@@ -364,8 +364,8 @@ func TestRenderDerivation(t *testing.T) {
 			t.Errorf("environment.etc.%q points at %s, which the build does not produce", etc, rel)
 		}
 	}
-	if len(r.Glue.Etc) != 2 {
-		t.Errorf("environment.etc = %v, want nixcage/nixcage.json and nixcage/agents", r.Glue.Etc)
+	if len(r.Glue.Etc) != 3 {
+		t.Errorf("environment.etc = %v, want nixcage/nixcage.json, nixcage/agents and nixcage/render-options.json", r.Glue.Etc)
 	}
 	if string(r.Glue.Targets["nixcage"]) != `{"wantedBy":["multi-user.target"]}` {
 		t.Errorf("systemd.targets.nixcage = %s, want wantedBy multi-user.target", r.Glue.Targets["nixcage"])

@@ -106,6 +106,9 @@ func (r *renderer) caged() {
 		"CapabilityBoundingSet", "CAP_DAC_READ_SEARCH CAP_DAC_OVERRIDE CAP_CHOWN CAP_FOWNER CAP_FSETID",
 		"SystemCallFilter", "@system-service",
 		"SystemCallFilter", denySyscalls,
+		// Back from @privileged: files put into a workspace are handed to
+		// the agent's user (docs/relay.md); CAP_CHOWN is granted above.
+		"SystemCallFilter", "@chown",
 		"SystemCallErrorNumber", "EPERM",
 		"MemoryDenyWriteExecute", "yes",
 		"DevicePolicy", "closed",
