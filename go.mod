@@ -5,6 +5,7 @@ go 1.25.0
 require (
 	github.com/andybalholm/brotli v1.3.0
 	github.com/coreos/go-systemd/v22 v22.7.0
+	github.com/go-telegram/bot v1.19.0
 	github.com/godbus/dbus/v5 v5.2.4
 	github.com/google/go-cmp v0.7.0
 	github.com/gorilla/websocket v1.5.3

@@ -37,6 +37,23 @@ account "ops" {
   agents = ["alice", "bob"]
 }
 
+# The Telegram relay (docs/relay.md): owners talk to alice in her group. It
+# acts on caged as this account, so it can reach alice and nobody else.
+account "relay" {
+  user   = "cage-relay"
+  role   = "operator"
+  agents = ["alice"]
+}
+
+relay {
+  token_file = "/etc/nixcage/secrets/telegram-bot-token"
+  owners     = [123456789]
+  account    = "relay"
+  chat "alice" {
+    chat_id = -1001234567890
+  }
+}
+
 store {
   root      = "/var/lib/nixcage/store"
   channel   = "stable"

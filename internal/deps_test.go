@@ -30,6 +30,10 @@ var rules = []struct {
 		"the bus package is shared by the CLI; it must stay free of the daemon's machinery"},
 	{"internal/policy", []string{"github.com/godbus/dbus", mod + "internal/bus", mod + "internal/daemon"},
 		"the policy document is read by the gateway"},
+	{"internal/relay", []string{mod + "internal/daemon", mod + "internal/egress", mod + "internal/store", mod + "internal/reconcile", mod + "internal/quarantine", mod + "internal/cli", mod + "internal/render"},
+		"the relay reaches caged only through the typed bus client; it links none of caged's machinery"},
+	{"internal/relay/tg", []string{"github.com/godbus/dbus", mod + "internal/bus"},
+		"the Telegram side knows nothing of caged"},
 	{"cmd/cage-seal", []string{"net", "os/user", "runtime/cgo", mod + "internal/config", mod + "internal/bus"},
 		"cage-seal runs inside cages (an image's root has no libc of the host's): it must link statically and stay tiny"},
 }

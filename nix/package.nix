@@ -1,4 +1,4 @@
-# nixcage: caged, cage-egress and cagectl, built from this repository.
+# nixcage: caged, cage-egress, cagectl and cage-relay, built from this repository.
 #
 # vendorHash is the NAR hash of `go mod vendor`'s output; it lives in
 # vendor.json next to the sha256 of the go.sum it was computed from, so that

@@ -112,6 +112,14 @@ let
     }
   ];
 
+  controlChecks = c: [
+    {
+      id = "control-threshold";
+      assertion = c.threshold == null || c.threshold <= lib.length c.keys;
+      message = "${opt}.control.threshold = ${toString c.threshold} but control.keys lists ${toString (lib.length c.keys)} key(s), so no control command could ever be accepted. Lower the threshold or add keys.";
+    }
+  ];
+
   declaresModel = cfg.agents != { } || cfg.egressPolicies != { } || cfg.accounts != { } || cfg.store != null || cfg.settings != { };
 in
 {
@@ -125,5 +133,6 @@ in
     ]
     ++ lib.concatLists (lib.mapAttrsToList agentChecks cfg.agents)
     ++ lib.concatLists (lib.mapAttrsToList accountChecks cfg.accounts)
-    ++ lib.optionals (cfg.store != null) (storeChecks cfg.store);
+    ++ lib.optionals (cfg.store != null) (storeChecks cfg.store)
+    ++ lib.optionals (cfg.control != null) (controlChecks cfg.control);
 }

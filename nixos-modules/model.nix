@@ -71,6 +71,18 @@ let
     # A list of one block: an empty block (the default listen) must not be
     # dropped by clean, or metrics would silently stay off.
     metrics = lib.mapNullable (m: [ (clean { inherit (m) listen; }) ]) cfg.metrics;
+    control = lib.mapNullable (c: clean {
+      inherit (c) keys threshold;
+      host_id = c.hostId;
+      ack_url = c.ackUrl;
+    }) cfg.control;
+    relay = lib.mapNullable (r: clean {
+      token_file = r.tokenFile;
+      inherit (r) owners account;
+      api_url = r.apiUrl;
+      max_file_bytes = r.maxFileBytes;
+      chat = lib.mapAttrs (_: c: clean { chat_id = c.chatId; inherit (c) topic; }) r.chats;
+    }) cfg.relay;
     channel = lib.mapNullable (c: clean {
       inherit (c) url interval;
       ca_file = c.caFile;

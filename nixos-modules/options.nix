@@ -249,11 +249,59 @@ in
       };
     }) "Bounds of each quarantine's evidence copy (docs/operations.md).";
 
+    relay = opt (types.submodule {
+      options = {
+        tokenFile = mkOption {
+          type = types.str;
+          example = "/run/secrets/telegram-bot-token";
+          description = "Host path of the Telegram bot token, loaded into cage-relay.service with LoadCredential= (keep it out of the Nix store).";
+        };
+        owners = mkOption {
+          type = types.listOf types.ints.positive;
+          example = [ 123456789 ];
+          description = "Telegram user ids whose commands the relay carries out; everyone else is refused and audited.";
+        };
+        account = mkOption {
+          type = types.str;
+          example = "relay";
+          description = "The account (services.nixcage.accounts) the relay calls caged as; its user must be \"cage-relay\". Its role and agents bound what any chat command can do.";
+        };
+        apiUrl = opt types.str "Bot API server: https, or http to loopback only (default https://api.telegram.org).";
+        maxFileBytes = opt types.ints.positive "Largest file the relay moves in either direction (default 20971520, the Bot API's download limit).";
+        chats = mkOption {
+          default = { };
+          description = "Per agent, the chat it answers in: a group, or one topic of a forum group.";
+          type = types.attrsOf (types.submodule {
+            options = {
+              chatId = mkOption {
+                type = types.int;
+                example = -1001234567890;
+                description = "The chat's id (groups are negative).";
+              };
+              topic = opt types.ints.positive "Forum topic id (message_thread_id); unset for the whole chat.";
+            };
+          });
+        };
+      };
+    }) "The Telegram chat relay, cage-relay (docs/relay.md); off when null.";
+
     metrics = opt (types.submodule {
       options = {
         listen = opt types.str "Where caged serves Prometheus metrics: a loopback \"HOST:PORT\" or \"unix:/run/nixcage/NAME\" (default 127.0.0.1:9477).";
       };
     }) "Serve Prometheus metrics from caged (docs/fleet.md); off when null. Set to { } for the default address.";
+
+    control = opt (types.submodule {
+      options = {
+        hostId = opt types.str "This host's id, which a control command's host must name (default: the host name).";
+        keys = mkOption {
+          type = types.listOf types.str;
+          description = "PEM public keys (paths on the host) control commands must be signed with; keep them apart from store.keys.";
+        };
+        threshold = opt types.ints.positive "Distinct control keys that must have signed a command (default 1).";
+        ackUrl = opt types.str "http(s) URL every acknowledgement is PUT below (HOST/SHA256/STATUS.json); unset: acks stay in the file and the journal.";
+      };
+    }) "Accept signed control commands (docs/fleet.md, \"Control commands\"); none are accepted when null.";
 
     channel = opt (types.submodule {
       options = {

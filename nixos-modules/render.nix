@@ -74,5 +74,13 @@ in
       # [Install] sections of packaged units are not read by NixOS.
       systemd.targets.nixcage.wantedBy = [ "multi-user.target" ];
     })
+    # The chat relay runs as a declared system user (docs/relay.md says
+    # why); its unit comes from the rendered tree like every other.
+    (lib.mkIf (cfg.enable && cfg.relay != null) {
+      users.users.cage-relay = { isSystemUser = true; group = "cage-relay"; description = "nixcage chat relay"; };
+      users.groups.cage-relay = { };
+      environment.etc."nixcage/relay.json".source = "${rendered}/etc/nixcage/relay.json";
+      systemd.services.cage-relay.wantedBy = [ "multi-user.target" ];
+    })
   ];
 }

@@ -11,13 +11,22 @@
 #                                  # bulk, 8 keep-alive tunnels for 5 s, 1000
 #                                  # held tunnels, 8 intercepted clients
 #   QUICK=1 bench/egress/run.sh    # 1 round, smaller counts (~2 minutes)
+#   BASE_EGRESS=/path/cage-egress bench/egress/run.sh
+#                                  # also measures that build (rows
+#                                  # "cage-egress-base") in the same rounds:
+#                                  # a before/after comparison on one load
 #
 # Destinations: the "name" round gives every proxy up.bench.test, resolved
 # through the same loopback resolver (cage-egress --resolver, squid
 # dns_nameservers, goproxy -resolver, smokescreen --resolver-address); the
 # "ip" round gives 127.0.0.1 to every proxy that accepts an IP literal.
-# cage-egress refuses IP literals by design (policy is by name), so it has
-# no ip row. mitmdump only resolves through the system resolver: ip only.
+# cage-egress refuses IP literals by design (policy is by name); its ip row
+# runs it with --unsafe-bench-ip-literals, a flag the rendered units never
+# pass and that refuses to run under systemd, which decides such a tunnel
+# on its TLS SNI instead (docs/egress.md). mitmdump only resolves through
+# the system resolver: ip only. The "tcp relay" row is the floor of every
+# proxy here: `loadgen relay`, one extra hop that only splices bytes (no
+# CONNECT, no policy, no log), which the clients reach as the upstream.
 #
 # Needs: go, python3, squid (installed with apt-get if missing and apt-get is
 # there; its init script is never started), mitmdump (optional). goproxy is
@@ -44,6 +53,7 @@ DNS=${DNS_ADDR:-127.77.$((RANDOM % 250 + 1)).53:53}
 echo "== building" >&2
 (cd "$ROOT" && go build -o "$W/cage-egress" ./cmd/cage-egress && go build -o "$W/loadgen" ./bench/egress/loadgen)
 (cd "$ROOT/bench/egress/goproxy" && go build -o "$W/goproxy" .)
+if [ -n "${BASE_EGRESS:-}" ]; then cp "$BASE_EGRESS" "$W/cage-egress-base"; fi
 if ! command -v squid >/dev/null && command -v apt-get >/dev/null; then
   echo "== installing squid" >&2
   DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends squid >"$W/apt.log" 2>&1 || { cat "$W/apt.log" >&2; exit 1; }
@@ -70,9 +80,26 @@ background() {
 }
 wait_port() { for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 did not open" >&2; return 1; }
 rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
+# CPU time (user+system, clock ticks) a process has used: the gateway's own
+# cost per tunnel and per request, which the load on this machine moves
+# far less than it moves wall-clock figures.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+TCK=$(getconf CLK_TCK)
+# measure LABEL PID ARGS...: the three tunnel workloads with ARGS (-proxy
+# and -target), and PID's CPU time over each.
+measure() {
+  local label=$1 pid=$2 c0 c1 c2 c3; shift 2
+  c0=$(cpu_ticks "$pid"); lg latency -label "$label" "$@" -n "$N_LAT"
+  c1=$(cpu_ticks "$pid"); lg throughput -label "$label" "$@" -bytes "$BULK"
+  c2=$(cpu_ticks "$pid"); lg rps -label "$label" "$@" -c 8 -d "$KA_SECS"
+  c3=$(cpu_ticks "$pid")
+  echo "{\"mode\":\"cpu\",\"label\":\"$label\",\"tck\":$TCK,\"latency\":$((c1 - c0)),\"throughput\":$((c2 - c1)),\"rps\":$((c3 - c2))}" >>"$R"
+}
 
 background UP "$W/loadgen" upstream -dir "$W/upca"
 UP_PORT=${UP##*:}
+background RELAY "$W/loadgen" relay -to "127.0.0.1:$UP_PORT"
+RELAY_PID=${PIDS[-1]}
 background DNSUP "$W/loadgen" dns -addr "$DNS"
 [ "$DNSUP" = "$DNS" ] || { echo "bench resolver did not start on $DNS: $(cat "$W/bg.err")" >&2; exit 1; }
 
@@ -132,15 +159,16 @@ shutdown_lifetime 0 seconds
 CONF
 }
 
-# start_proxy NAME PORT: starts a fresh NAME on PORT, sets PROXY_PID.
+# start_proxy NAME PORT [KIND]: starts a fresh NAME on PORT, sets PROXY_PID.
 start_proxy() {
-  local port=$2
+  local port=$2 lit=()
+  [ "${3:-}" = ip ] && lit=(--unsafe-bench-ip-literals)
   case $1 in
     # Tunnels only: no --upstream-ca, so the system roots are not loaded
     # (they load at the first intercepted request, ~4.7 MiB; see
     # docs/performance.md).
-    cage-egress) "$W/cage-egress" --config "$W/egress.json" --listen-proxy 127.0.0.1:$port --resolver "$DNS" --log-level warn 2>>"$W/egress.log" & ;;
-    cage-egress-icpt) "$W/cage-egress" --config "$W/egress.json" --listen-proxy 127.0.0.1:$port --resolver "$DNS" --upstream-ca "$W/upca/ca.crt" --log-level warn 2>>"$W/egress.log" & ;;
+    cage-egress|cage-egress-base) "$W/$1" --config "$W/egress.json" --listen-proxy 127.0.0.1:$port --resolver "$DNS" --log-level warn "${lit[@]}" 2>>"$W/egress.log" & ;;
+    cage-egress-icpt|cage-egress-base-icpt) "$W/${1%-icpt}" --config "$W/egress.json" --listen-proxy 127.0.0.1:$port --resolver "$DNS" --upstream-ca "$W/upca/ca.crt" --log-level warn 2>>"$W/egress.log" & ;;
     squid) squid_conf "$port"; "$SQUID" -N -f "$W/squid.conf" >/dev/null 2>>"$W/squid/stderr" & ;;
     goproxy) "$W/goproxy" -listen 127.0.0.1:$port -resolver "$DNS" >/dev/null 2>&1 & ;;
     smokescreen) "$SMOKE_BIN" --listen-ip 127.0.0.1 --listen-port $port --allow-range 127.0.0.0/8 --resolver-address "$DNS" --statsd-address 127.0.0.1:9 >/dev/null 2>&1 & ;;
@@ -152,7 +180,9 @@ start_proxy() {
 stop_proxy() { kill "$PROXY_PID" 2>/dev/null || true; wait "$PROXY_PID" 2>/dev/null || true; }
 
 # proxy|destination kinds it is measured with
-peers=("cage-egress|name")
+peers=("cage-egress|name ip")
+[ -n "${BASE_EGRESS:-}" ] && peers+=("cage-egress-base|name")
+peers+=("tcp relay|floor")
 [ -n "$SQUID" ] && peers+=("squid|name ip")
 peers+=("goproxy|name ip")
 [ "$SMOKE_BIN" != none ] && peers+=("smokescreen|name ip")
@@ -167,6 +197,15 @@ direct() {
   lg throughput -label "direct|$1" -target "127.0.0.1:$UP_PORT" -bytes "$BULK"
   lg rps -label "direct|$1" -target "127.0.0.1:$UP_PORT" -c 8 -d "$KA_SECS"
 }
+# icpt LABEL ARGS...: intercepted keep-alive requests through the proxy on
+# $PORT, and its CPU time over them.
+icpt() {
+  local label=$1 c0 c1; shift
+  c0=$(cpu_ticks "$PROXY_PID")
+  lg rps -label "$label" -proxy 127.0.0.1:$PORT -sni api.bench.test -c 8 -d "$ICPT_SECS" "$@"
+  c1=$(cpu_ticks "$PROXY_PID")
+  echo "{\"mode\":\"cpu\",\"label\":\"$label\",\"tck\":$TCK,\"icpt\":$((c1 - c0))}" >>"$R"
+}
 for rnd in $(seq "$ROUNDS"); do
   echo "== round $rnd/$ROUNDS (load: $(cut -d' ' -f1-3 /proc/loadavg))" >&2
   echo "{\"mode\":\"load\",\"round\":$rnd,\"loadavg\":\"$(cut -d' ' -f1-3 /proc/loadavg)\"}" >>"$R"
@@ -178,15 +217,18 @@ for rnd in $(seq "$ROUNDS"); do
       slot="$rnd.$name.$kind"; label="$name ($kind)|$slot"
       echo "   $name ($kind)" >&2
       direct "$slot"
-      start_proxy "$name" "$PORT"
-      lg latency -label "$label" -proxy 127.0.0.1:$PORT -target "$target" -n "$N_LAT"
-      lg throughput -label "$label" -proxy 127.0.0.1:$PORT -target "$target" -bytes "$BULK"
-      lg rps -label "$label" -proxy 127.0.0.1:$PORT -target "$target" -c 8 -d "$KA_SECS"
+      if [ "$kind" = floor ]; then
+        # The relay is the upstream as far as the clients know.
+        measure "$label" "$RELAY_PID" -target "$RELAY"
+        continue
+      fi
+      start_proxy "$name" "$PORT" "$kind"
+      measure "$label" "$PROXY_PID" -proxy 127.0.0.1:$PORT -target "$target"
       stop_proxy
       # Memory on a second fresh instance: the figures above would have
       # grown its heap; this is idle, then $HOLD open tunnels.
       PORT=$((PORT + 1))
-      start_proxy "$name" "$PORT"
+      start_proxy "$name" "$PORT" "$kind"
       sleep 1
       idle=$(rss_kib "$PROXY_PID")
       "$W/loadgen" hold -proxy 127.0.0.1:$PORT -target "$target" -n "$HOLD" >"$W/hold.out" 2>>"$W/bg.err" & HOLD_PID=$!; PIDS+=($HOLD_PID)
@@ -202,12 +244,18 @@ for rnd in $(seq "$ROUNDS"); do
   # mitmdump only re-encrypts. 8 keep-alive clients.
   lg rps -label "direct|$rnd|icpt" -target "127.0.0.1:$UP_PORT" -c 8 -d "$ICPT_SECS"
   PORT=$((PORT + 1)); start_proxy cage-egress-icpt "$PORT"
-  lg rps -label "cage-egress (name)|$rnd|icpt" -proxy 127.0.0.1:$PORT -target "api.bench.test:$UP_PORT" -sni api.bench.test -header "x-api-key:$PH" -c 8 -d "$ICPT_SECS"
+  icpt "cage-egress (name)|$rnd|icpt" -target "api.bench.test:$UP_PORT" -header "x-api-key:$PH"
   stop_proxy
+  if [ -n "${BASE_EGRESS:-}" ]; then
+    lg rps -label "direct|$rnd.b|icpt" -target "127.0.0.1:$UP_PORT" -c 8 -d "$ICPT_SECS"
+    PORT=$((PORT + 1)); start_proxy cage-egress-base-icpt "$PORT"
+    icpt "cage-egress-base (name)|$rnd.b|icpt" -target "api.bench.test:$UP_PORT" -header "x-api-key:$PH"
+    stop_proxy
+  fi
   if [ -n "$MITM" ]; then
     PORT=$((PORT + 1)); start_proxy mitmdump "$PORT"
     lg rps -label "direct|$rnd.m|icpt" -target "127.0.0.1:$UP_PORT" -c 8 -d "$ICPT_SECS"
-    lg rps -label "mitmdump (ip)|$rnd.m|icpt" -proxy 127.0.0.1:$PORT -target "127.0.0.1:$UP_PORT" -sni api.bench.test -c 8 -d "$ICPT_SECS"
+    icpt "mitmdump (ip)|$rnd.m|icpt" -target "127.0.0.1:$UP_PORT"
     stop_proxy
   fi
 done
@@ -250,6 +298,24 @@ for name in lat:
     icr = ratio(ic, name, "req_per_s") if name in ic else None
     errs = sum(r["errors"] for t in (lat, tp, ka_r) for r in t.get(name, {}).values())
     print(f"| {name} | {f(ratio(lat,name,'p50_us'))} | {f(ratio(lat,name,'p99_us'))} | {f(ratio(tp,name,'mb_per_s'))} | {f(ratio(ka_r,name,'req_per_s'))} | {mem} | {f(icr)} |" + (f" ({errs} errors)" if errs else ""))
+# CPU of the proxy process per operation: ticks over a workload divided by
+# what it served (tunnels, requests, GiB), median over rounds.
+cpu, cpu_ic = rows("cpu"), rows("cpu", True)
+def per_op(ctable, table, name, key, count):
+    v = []
+    for k, c in ctable.get(name, {}).items():
+        r = table.get(name, {}).get(k)
+        if r is None or key not in c: continue
+        n = count(r)
+        if n: v.append(c[key] / c["tck"] / n)
+    return st.median(v) if v else None
+g = lambda x, scale, unit: "–" if x is None else f"{x * scale:.0f} {unit}"
+print("\nCPU time of the proxy process per operation (user+system, /proc/PID/stat; median over rounds):\n")
+print("| proxy | per new tunnel | per GiB bulk | per keep-alive request | per intercepted request |")
+print("|---|---|---|---|---|")
+for name in lat:
+    if name == "direct": continue
+    print(f"| {name} | {g(per_op(cpu, lat, name, 'latency', lambda r: r['n']), 1e6, 'µs')} | {g(per_op(cpu, tp, name, 'throughput', lambda r: int(bulk) / (1 << 30)), 1e3, 'ms')} | {g(per_op(cpu, ka_r, name, 'rps', lambda r: r['n']), 1e6, 'µs')} | {g(per_op(cpu_ic, ic, name, 'icpt', lambda r: r['n']), 1e6, 'µs')} |")
 a, b = med(ic, "cage-egress (name)", "req_per_s"), med(ic, "mitmdump (ip)", "req_per_s")
 if a and b: print(f"\ncage-egress / mitmdump intercepted req/s: {a/b:.1f}×")
 print(f"cage-egress audit: {opens} tunnel open records, {injected} requests with an injected credential")

@@ -34,6 +34,9 @@ rec {
       systemd.packages = list;
       systemd.tmpfiles.packages = list;
       systemd.targets = attrsOfAttrs;
+      systemd.services = attrsOfAttrs;
+      users.users = attrsOfAttrs;
+      users.groups = attrsOfAttrs;
       services.dbus.packages = list;
       environment.systemPackages = list;
       environment.etc = attrsOfAttrs;

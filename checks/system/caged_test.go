@@ -74,6 +74,27 @@ func makeRelease(t *testing.T, cagectl, key string, gen int, word string) string
 	return rel
 }
 
+// cagedBinaries builds what a machine running caged needs; cagectl's host
+// path is returned too (tests sign releases with it).
+func cagedBinaries(t *testing.T) (string, systest.Binaries) {
+	cagectl := systest.BuildT(t, "./cmd/cagectl")
+	return cagectl, systest.Binaries{
+		"cagectl":     cagectl,
+		"caged":       systest.BuildT(t, "./cmd/caged"),
+		"cage-egress": systest.BuildT(t, "./cmd/cage-egress"),
+	}
+}
+
+// releaseKey makes a release key pair with cagectl and returns its path
+// prefix (PREFIX.key, PREFIX.pub).
+func releaseKey(t *testing.T, cagectl string) string {
+	keys := filepath.Join(t.TempDir(), "rel")
+	if b, err := exec.Command(cagectl, "key", "generate", "--out", keys).CombinedOutput(); err != nil {
+		t.Fatalf("key generate: %v\n%s", err, b)
+	}
+	return keys
+}
+
 func itoa(n int) string { return strings.TrimSpace(strings.Repeat(" ", 0) + fmtInt(n)) }
 
 func fmtInt(n int) string {
@@ -88,16 +109,8 @@ func fmtInt(n int) string {
 // caged restart until it is released.
 func TestCagedOnSystemd(t *testing.T) {
 	testenv.RequireSystem(t)
-	cagectl := systest.BuildT(t, "./cmd/cagectl")
-	bins := systest.Binaries{
-		"cagectl":     cagectl,
-		"caged":       systest.BuildT(t, "./cmd/caged"),
-		"cage-egress": systest.BuildT(t, "./cmd/cage-egress"),
-	}
-	keys := filepath.Join(t.TempDir(), "rel")
-	if b, err := exec.Command(cagectl, "key", "generate", "--out", keys).CombinedOutput(); err != nil {
-		t.Fatalf("key generate: %v\n%s", err, b)
-	}
+	cagectl, bins := cagedBinaries(t)
+	keys := releaseKey(t, cagectl)
 	rel2 := makeRelease(t, cagectl, keys+".key", 2, "hello-from-generation-2")
 	rel1 := makeRelease(t, cagectl, keys+".key", 1, "hello-from-generation-1")
 
@@ -305,18 +318,19 @@ func TestCagedOnSystemd(t *testing.T) {
 	// its fields, from caged's unit (issue 18): what a journald-based
 	// shipper selects on.
 	journalEvents(t, ctx, m, []journalWant{
-		{events.ReleaseApplied, map[string]string{"NIXCAGE_GENERATION": "2", "NIXCAGE_PREVIOUS_GENERATION": "0", "NIXCAGE_BY": "root (uid 0)"}},
-		{events.ReleaseRefused, map[string]string{"NIXCAGE_OP": "apply", "NIXCAGE_BY": "root (uid 0)"}},
-		{events.AgentQuarantined, map[string]string{"NIXCAGE_AGENT": "alpha", "NIXCAGE_REASON": "system-test", "NIXCAGE_BY": "root (uid 0)", "PRIORITY": "4"}},
-		{events.AgentReleased, map[string]string{"NIXCAGE_AGENT": "alpha", "NIXCAGE_BY": "root (uid 0)"}},
-		{events.AgentStateChanged, map[string]string{"NIXCAGE_AGENT": "alpha", "NIXCAGE_ACTIVE_STATE": "active", "NIXCAGE_SUB_STATE": "running"}},
-		{events.Reconciled, map[string]string{"NIXCAGE_ERROR": "", "MESSAGE": "configuration reconciled"}},
+		{kind: events.ReleaseApplied, fields: map[string]string{"NIXCAGE_GENERATION": "2", "NIXCAGE_PREVIOUS_GENERATION": "0", "NIXCAGE_BY": "root (uid 0)"}},
+		{kind: events.ReleaseRefused, fields: map[string]string{"NIXCAGE_OP": "apply", "NIXCAGE_BY": "root (uid 0)"}},
+		{kind: events.AgentQuarantined, fields: map[string]string{"NIXCAGE_AGENT": "alpha", "NIXCAGE_REASON": "system-test", "NIXCAGE_BY": "root (uid 0)", "PRIORITY": "4"}},
+		{kind: events.AgentReleased, fields: map[string]string{"NIXCAGE_AGENT": "alpha", "NIXCAGE_BY": "root (uid 0)"}},
+		{kind: events.AgentStateChanged, fields: map[string]string{"NIXCAGE_AGENT": "alpha", "NIXCAGE_ACTIVE_STATE": "active", "NIXCAGE_SUB_STATE": "running"}},
+		{kind: events.Reconciled, fields: map[string]string{"NIXCAGE_ERROR": "", "MESSAGE": "configuration reconciled"}},
 	})
 }
 
 type journalWant struct {
 	kind   events.Kind
 	fields map[string]string
+	unit   string // the unit that wrote it; "" is nixcage-caged.service
 }
 
 // journalEvents waits for an entry of each kind that carries the fields,
@@ -334,7 +348,11 @@ func journalEvents(t *testing.T, ctx context.Context, m *systest.Machine, wants 
 					continue
 				}
 				n++
-				ok := e["_SYSTEMD_UNIT"] == "nixcage-caged.service" && e["NIXCAGE_EVENT"] == w.kind.Name && e["SYSLOG_IDENTIFIER"] == events.Identifier
+				unit := w.unit
+				if unit == "" {
+					unit = "nixcage-caged.service"
+				}
+				ok := e["_SYSTEMD_UNIT"] == unit && e["NIXCAGE_EVENT"] == w.kind.Name && e["SYSLOG_IDENTIFIER"] == events.Identifier
 				for k, v := range w.fields {
 					ok = ok && e[k] == v
 				}
@@ -348,7 +366,7 @@ func journalEvents(t *testing.T, ctx context.Context, m *systest.Machine, wants 
 				break
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("no journal entry MESSAGE_ID=%s (%s) with %v from nixcage-caged.service (%d entries of that id):\n%s", w.kind.ID, w.kind.Name, w.fields, n, out)
+				t.Fatalf("no journal entry MESSAGE_ID=%s (%s) with %v from %s (%d entries of that id):\n%s", w.kind.ID, w.kind.Name, w.fields, w.unit, n, out)
 			}
 			time.Sleep(200 * time.Millisecond)
 		}

@@ -78,31 +78,7 @@ func TestRunOnSystemd(t *testing.T) {
 	if err := systest.InstallNixcage(ctx, m, bins, cfg, nil); err != nil {
 		t.Fatal(err)
 	}
-	sh := func(script string) string {
-		t.Helper()
-		out, err := m.Shell(ctx, script)
-		if err != nil {
-			t.Fatalf("%s: %v", script, err)
-		}
-		return out
-	}
-	// run returns stdout, stderr and the exit status of a script.
-	run := func(script string) (string, string, int) {
-		t.Helper()
-		cmd := m.Command(ctx, "/bin/sh", "-c", script)
-		var stdout, stderr bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		err := cmd.Run()
-		code := 0
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			code = ee.ExitCode()
-		} else if err != nil {
-			t.Fatalf("%s: %v", script, err)
-		}
-		t.Logf("%s -> exit %d\nstdout:\n%s\nstderr:\n%s", script, code, stdout.String(), stderr.String())
-		return stdout.String(), stderr.String(), code
-	}
+	sh, run := machineScripts(t, ctx, m)
 	sh("useradd --no-create-home --uid 1500 runner && systemctl reload dbus && systemctl start nixcage-caged.service")
 	// The workspace lives on a filesystem with ID-mapped mounts (tmpfs
 	// here; the machine's overlayfs root has none), owned by the caller.

@@ -18,7 +18,8 @@ import (
 // gateway refuses makes every restart fail until systemd's start limit
 // stops it and fails its sockets. The cage is cut off (fail closed); the
 // operator is told, by `cagectl status` and by an EgressFailed event, and
-// recovers as docs/operations.md says (`cagectl restart AGENT`).
+// recovers as docs/operations.md says (`cagectl restart AGENT`). The same
+// machine then runs the signed control commands' checks (control_test.go).
 func TestGatewayStartLimit(t *testing.T) {
 	testenv.RequireSystem(t)
 	bins := systest.Binaries{
@@ -40,8 +41,17 @@ agent "sl" {
   egress    = "p"
   autostart = false
 }
-`), 0o644)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+agent "ap" {
+  backend   = "service"
+  command   = ["/bin/sleep", "infinity"]
+  egress    = "p"
+  autostart = false
+  approval {
+    wait = "60s"
+  }
+}
+`+controlBlock), 0o644)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	if err := systest.InstallNixcage(ctx, m, bins, cfg, nil); err != nil {
 		t.Fatal(err)
@@ -73,6 +83,7 @@ agent "sl" {
 	waitFor("the events stream", "cagectl reload >/dev/null; grep -q Reconciled /run/operator.events")
 
 	checkGrantUnderSandbox(t, &cageEnv{m: m, in: in}, "sl", sh)
+	checkApprovalUnderSandbox(t, &cageEnv{m: m, in: in}, "ap", sh, waitFor)
 
 	cfgFile := "/etc/nixcage/agents/sl/egress.json"
 	sh("cp " + cfgFile + " /run/egress.json.good && echo '{broken' > " + cfgFile)
@@ -93,6 +104,8 @@ agent "sl" {
 	waitFor("the gateway's sockets again", "systemctl is-active -q cage-egress@sl.socket")
 	waitFor("caged status recovers", "! cagectl status | grep '^sl ' | grep -q 'failed'")
 	sh("kill $(cat /run/events.pid) || true")
+
+	checkControlCommands(ctx, t, &cageEnv{m: m, in: in}, "sl", bins["cagectl"], sh)
 }
 
 // checkGrantUnderSandbox (issue 19): a time-bound grant reaches the
@@ -170,4 +183,87 @@ func checkGrantUnderSandbox(t *testing.T, e *cageEnv, agent string, sh func(stri
 		t.Errorf("other.example.net received a request after the revoke (%d -> %d)", before, n)
 	}
 	sh("tail -n 5 " + audit + " | grep other.example.net | tail -n 1 | grep -q default-deny")
+}
+
+// checkApprovalUnderSandbox (issue 19): the approval queue under the
+// rendered gateway (DynamicUser, PrivateUsers=yes, ProtectSystem=): a
+// request from the cage's network namespace to a host outside the policy
+// waits; the pending request the gateway wrote in its RuntimeDirectory
+// reaches `cagectl approvals` (caged, root) and the operator's event
+// stream; `cagectl approve ID once` lets it through (the upstream sees it,
+// the audit names the approver), `cagectl approve ID deny` refuses the next
+// one with a readable 403.
+func checkApprovalUnderSandbox(t *testing.T, e *cageEnv, agent string, sh func(string) string, waitFor func(what, script string)) {
+	t.Helper()
+	sh("cagectl start " + agent)
+	waitFor("the approval agent's sockets", "systemctl is-active -q cage-egress@"+agent+".socket")
+	audit := "/var/log/nixcage-egress/" + agent + "/audit.jsonl"
+	// A probe as a fresh dynamic user in the cage's namespace, in the
+	// background: its request waits for the operator.
+	probeBG := func(check, out string) {
+		sh("nohup systemd-run --quiet --wait --pipe -p DynamicUser=yes -p NetworkNamespacePath=/run/netns/nixcage-" + agent +
+			" -p Environment=HTTPS_PROXY=http://127.0.0.1:3128 -p Environment=HTTP_PROXY=http://127.0.0.1:3128" +
+			" -p Environment=SSL_CERT_FILE=/var/lib/nixcage/egress/" + agent + "/bundle.crt /usr/local/bin/cage-probe " + check +
+			" >" + out + " 2>&1 </dev/null &")
+	}
+	result := func(check, out string) probe.Result {
+		t.Helper()
+		waitFor("the probe's result", "grep -q '\"check\"' "+out)
+		got, err := probe.ParseByCheck(sh("cat " + out))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got[check]
+	}
+	pendingID := func(path string) string {
+		t.Helper()
+		waitFor("a pending approval for "+path, "cagectl approvals "+agent+" | grep -F other.example.net | grep -qF "+path)
+		for _, line := range strings.Split(sh("cagectl approvals "+agent), "\n") {
+			if strings.Contains(line, path) {
+				return strings.Fields(line)[0]
+			}
+		}
+		t.Fatalf("no approval id for %s", path)
+		return ""
+	}
+
+	const once = "http,http://other.example.net/approved"
+	probeBG(once, "/run/ap-once.out")
+	id := pendingID("/approved")
+	waitFor("the ApprovalPending signal", "grep ApprovalPending /run/operator.events | grep -q "+id)
+	asked := time.Now()
+	if out := sh("cagectl approve " + id + " once"); !strings.Contains(out, "approved "+id+" once") {
+		t.Fatalf("cagectl approve: %q", out)
+	}
+	if r := result(once, "/run/ap-once.out"); !r.OK || r.Status != 200 {
+		t.Fatalf("approved request: %+v\ngateway journal:\n%s", r, sh("journalctl --no-pager -n 30 -u cage-egress@"+agent+".service; ls -la /run/nixcage-egress/"+agent+" /run/nixcage/cage/"+agent+"/approvals || true"))
+	}
+	t.Logf("approval %s: the waiting request went through %s after cagectl approve", id, time.Since(asked).Round(time.Millisecond))
+	reqs, err := e.in.Requests()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := false
+	for _, r := range reqs {
+		seen = seen || (r.Host == "other.example.net" && r.Path == "/approved")
+	}
+	if !seen {
+		t.Fatal("the cage got 200 but other.example.net logged no /approved request")
+	}
+	sh(fmt.Sprintf("grep -F '\"approval:%s\"' %s | grep -F 'approved once by root' | grep -q /approved", id, audit))
+	sh("journalctl --no-pager -o cat MESSAGE_ID=8d00a7ad6c0d4f1b9afbfdc6634df75f | grep -q " + id)
+
+	const denied = "http,http://other.example.net/denied"
+	probeBG(denied, "/run/ap-deny.out")
+	id = pendingID("/denied")
+	sh("cagectl approve " + id + " deny")
+	r := result(denied, "/run/ap-deny.out")
+	if r.Status != 403 || !strings.Contains(r.Body, "denied by root") {
+		t.Fatalf("denied request: %+v", r)
+	}
+	sh(fmt.Sprintf("grep -F '\"approval-denied\"' %s | grep -q /denied", audit))
+	if out := sh("cagectl approvals " + agent); !strings.Contains(out, "no requests waiting") {
+		t.Errorf("approvals after the decisions:\n%s", out)
+	}
+	sh("cagectl stop " + agent)
 }

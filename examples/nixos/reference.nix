@@ -47,6 +47,21 @@
       agents = [ "alice" "bob" ];
     };
 
+    # The Telegram relay (docs/relay.md): owners talk to alice in her group.
+    # It acts on caged as this account, so it can reach alice and nobody else.
+    accounts.relay = {
+      user = "cage-relay";
+      role = "operator";
+      agents = [ "alice" ];
+    };
+
+    relay = {
+      tokenFile = "/etc/nixcage/secrets/telegram-bot-token";
+      owners = [ 123456789 ];
+      account = "relay";
+      chats.alice.chatId = -1001234567890;
+    };
+
     store = {
       root = "/var/lib/nixcage/store";
       channel = "stable";

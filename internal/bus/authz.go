@@ -25,6 +25,9 @@ const (
 	// ActRun: start a throw-away cage (cagectl run). operator or above
 	// over every agent: a run is a new cage, which no per-agent scope names.
 	ActRun
+	// ActShell: a shell inside a running cage (cagectl shell). admin,
+	// agent in scope: it acts as the agent, past the audit of its egress.
+	ActShell
 )
 
 func (a Action) role() string {
@@ -33,7 +36,7 @@ func (a Action) role() string {
 		return config.RoleViewer
 	case ActOperate, ActRun:
 		return config.RoleOperator
-	case ActAdmin:
+	case ActAdmin, ActShell:
 		return config.RoleAdmin
 	}
 	return ""
@@ -131,6 +134,7 @@ func Authorize(accounts []*config.Account, id Identity, act Action, agent string
 		ActOperate: "control agent " + agent,
 		ActAdmin:   "apply, roll back or reload (admin actions)",
 		ActRun:     "start a throw-away cage (cagectl run)",
+		ActShell:   "open a shell in agent " + agent + " (cagectl shell)",
 	}[act]
 	scope := "covering agent " + agent
 	if agent == "" {

@@ -49,6 +49,10 @@ func TestAuthorize(t *testing.T) {
 		{"scoped operator cannot run a throw-away cage", olga, ActRun, "", false, "covering all agents"},
 		{"operator of every agent runs a throw-away cage", gidOp, ActRun, "", true, ""},
 		{"admin runs a throw-away cage", byUID, ActRun, "", true, ""},
+		{"operator cannot open a shell", gidOp, ActShell, "alpha", false, `may not open a shell in agent alpha (cagectl shell); it needs role "admin"`},
+		{"scoped admin opens a shell in its agent", sam, ActShell, "alpha", true, ""},
+		{"scoped admin cannot open a shell elsewhere", sam, ActShell, "beta", false, "covering agent beta"},
+		{"admin opens a shell anywhere", byUID, ActShell, "beta", true, ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

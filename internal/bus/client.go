@@ -107,7 +107,7 @@ func (c *Client) Status(ctx context.Context) (*Status, error) {
 // slower for a thousand agents. Any mismatch falls back to dbus.Store.
 func decodeStatus(v any) (*Status, bool) {
 	f, ok := v.([]any)
-	if !ok || len(f) != 13 {
+	if !ok || len(f) != 14 {
 		return nil, false
 	}
 	st := &Status{}
@@ -189,6 +189,10 @@ func decodeStatus(v any) (*Status, bool) {
 				return nil, false
 			}
 		}
+	}
+	// Bans are few: the generic path is fast enough for them.
+	if err := dbus.Store([]any{f[13]}, &st.Bans); err != nil {
+		return nil, false
 	}
 	return st, true
 }
@@ -369,6 +373,16 @@ func decodeEvent(sig *dbus.Signal) (Event, bool) {
 		keys = []string{"agent", "backend", "by"}
 	case SignalRunFinished:
 		keys = []string{"agent", "exit_status", "summary"}
+	case SignalApprovalPending:
+		keys = []string{"agent", "id", "host", "port", "method", "path", "since_unix", "expires_unix"}
+	case SignalApprovalDecided:
+		keys = []string{"agent", "id", "verdict", "by"}
+	case SignalShellOpened:
+		keys = []string{"agent", "by", "command", "unit"}
+	case SignalShellClosed:
+		keys = []string{"agent", "by", "exit_status", "unit"}
+	case SignalRelayAction:
+		keys = []string{"agent", "actor", "action", "outcome", "detail", "by"}
 	case SignalTurnStarted:
 		keys = []string{"agent", "by"}
 	case SignalTurnFinished:

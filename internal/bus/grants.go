@@ -78,26 +78,9 @@ func (m *manager) AllowHost(sender dbus.Sender, agent, host string, port int32, 
 // ListGrants lists the grants of agent, or of every agent the caller may
 // view when agent is "".
 func (m *manager) ListGrants(sender dbus.Sender, agent string) ([]Grant, *dbus.Error) {
-	var agents []string
-	if agent != "" {
-		if _, derr := m.s.authorizeAgent(sender, ActView, agent, "ListGrants"); derr != nil {
-			return nil, derr
-		}
-		agents = []string{agent}
-	} else {
-		id, err := m.s.caller(sender)
-		if err != nil {
-			return nil, newError(ErrorAccessDenied, "%v", err)
-		}
-		st, err := m.s.be.Status(context.Background())
-		if err != nil {
-			return nil, fail(err)
-		}
-		for _, a := range st.Agents {
-			if Authorize(m.s.be.Accounts(), id, ActView, a.Name) == nil {
-				agents = append(agents, a.Name)
-			}
-		}
+	agents, derr := m.viewable(sender, agent, "ListGrants")
+	if derr != nil {
+		return nil, derr
 	}
 	out := []Grant{}
 	for _, a := range agents {
@@ -108,6 +91,32 @@ func (m *manager) ListGrants(sender dbus.Sender, agent string) ([]Grant, *dbus.E
 		out = append(out, gs...)
 	}
 	return out, nil
+}
+
+// viewable is agent if the caller may view it, or with agent "" every
+// agent (and throw-away cage) the caller may view.
+func (m *manager) viewable(sender dbus.Sender, agent, method string) ([]string, *dbus.Error) {
+	if agent != "" {
+		if _, derr := m.s.authorizeAgent(sender, ActView, agent, method); derr != nil {
+			return nil, derr
+		}
+		return []string{agent}, nil
+	}
+	id, err := m.s.caller(sender)
+	if err != nil {
+		return nil, newError(ErrorAccessDenied, "%v", err)
+	}
+	st, err := m.s.be.Status(context.Background())
+	if err != nil {
+		return nil, fail(err)
+	}
+	var agents []string
+	for _, a := range st.Agents {
+		if Authorize(m.s.be.Accounts(), id, ActView, a.Name) == nil {
+			agents = append(agents, a.Name)
+		}
+	}
+	return agents, nil
 }
 
 // RevokeGrant ends grant id now (operator over the agent holding it).

@@ -46,6 +46,8 @@ type Backend interface {
 	ConfigBackend
 	LogsBackend
 	GrantsBackend
+	ApprovalsBackend
+	ControlBackend
 }
 
 // Backend errors the server maps to D-Bus error names.
@@ -267,7 +269,7 @@ func (s *Server) UpdateAgent(st AgentStatus) {
 // owner must get its summary even if dbus-daemon loaded the policy before
 // the owner's account existed.
 var scopedSignals = append(slices.Clone(paths.BusAuditSignals), SignalRunStarted, SignalRunFinished,
-	SignalTurnStarted, SignalTurnFinished, SignalFileTransferred)
+	SignalTurnStarted, SignalTurnFinished, SignalFileTransferred, SignalShellOpened, SignalShellClosed)
 
 // Emit sends a Manager signal. Signals carrying audit data (scopedSignals;
 // args[0] is the agent or run) are never broadcast: each goes, addressed,
@@ -677,6 +679,7 @@ var argNames = map[string][]string{
 	"AttachConsole":   {"name", "console"},
 	"ResizeConsole":   {"name", "rows", "cols"},
 	"SignalRun":       {"name", "signal"},
+	"OpenShell":       {"request", "stdin", "stdout", "stderr", "unit"},
 	"TurnAgent":       {"name", "text", "reply", "status", "exit_status"},
 	"Turn":            {"text", "reply", "status", "exit_status"},
 	"GetAgentFile":    {"name", "path", "max_bytes", "fd", "size"},
@@ -712,9 +715,21 @@ var managerSignals = []introspect.Signal{
 	{Name: SignalEgressFailed, Args: []introspect.Arg{{Name: "agent", Type: "s"}, {Name: "reason", Type: "s"}, {Name: "recover", Type: "s"}}},
 	{Name: SignalRunStarted, Args: []introspect.Arg{{Name: "name", Type: "s"}, {Name: "backend", Type: "s"}, {Name: "by", Type: "s"}}},
 	{Name: SignalRunFinished, Args: []introspect.Arg{{Name: "name", Type: "s"}, {Name: "exit_status", Type: "i"}, {Name: "summary", Type: "s"}}},
+	{Name: SignalShellOpened, Args: []introspect.Arg{{Name: "agent", Type: "s"}, {Name: "by", Type: "s"}, {Name: "command", Type: "s"}, {Name: "unit", Type: "s"}}},
+	{Name: SignalShellClosed, Args: []introspect.Arg{{Name: "agent", Type: "s"}, {Name: "by", Type: "s"}, {Name: "exit_status", Type: "i"}, {Name: "unit", Type: "s"}}},
 	{Name: SignalTurnStarted, Args: []introspect.Arg{{Name: "agent", Type: "s"}, {Name: "by", Type: "s"}}},
 	{Name: SignalTurnFinished, Args: []introspect.Arg{{Name: "agent", Type: "s"}, {Name: "by", Type: "s"}, {Name: "status", Type: "s"}, {Name: "exit_status", Type: "i"}, {Name: "duration_ms", Type: "t"}}},
 	{Name: SignalFileTransferred, Args: []introspect.Arg{{Name: "agent", Type: "s"}, {Name: "op", Type: "s"}, {Name: "path", Type: "s"}, {Name: "bytes", Type: "t"}, {Name: "outcome", Type: "s"}, {Name: "by", Type: "s"}}},
+}
+
+// introspectSignal is a signal with "name:type" arguments.
+func introspectSignal(name string, args ...string) introspect.Signal {
+	sig := introspect.Signal{Name: name}
+	for _, a := range args {
+		n, t, _ := strings.Cut(a, ":")
+		sig.Args = append(sig.Args, introspect.Arg{Name: n, Type: t})
+	}
+	return sig
 }
 
 func (s *Server) introspect(path string) string {

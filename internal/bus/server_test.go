@@ -21,6 +21,7 @@ import (
 	"github.com/nixcage/nixcage/internal/bus"
 	"github.com/nixcage/nixcage/internal/bus/bustest"
 	"github.com/nixcage/nixcage/internal/config"
+	"github.com/nixcage/nixcage/internal/control"
 	"github.com/nixcage/nixcage/internal/paths"
 	"github.com/nixcage/nixcage/internal/render"
 	"github.com/nixcage/nixcage/internal/testenv"
@@ -482,6 +483,9 @@ func helper(addr, what string) int {
 		fmt.Println("dial:", err)
 		return 1
 	}
+	if handled, rerr := relayHelper(ctx, c, what); handled {
+		what, err = "", rerr
+	}
 	switch what {
 	case "status":
 		_, err = c.Status(ctx)
@@ -525,6 +529,12 @@ func helper(addr, what string) int {
 		_, err = c.ListGrants(ctx, "alpha")
 	case "revoke-g1":
 		err = c.RevokeGrant(ctx, "g-1")
+	case "approvals-alpha":
+		_, err = c.ListApprovals(ctx, "alpha")
+	case "approve-alpha":
+		_, err = c.Decide(ctx, "a-0123456789ab", "once")
+	case "approve-bad-verdict":
+		_, err = c.Decide(ctx, "a-0123456789ab", "always")
 	}
 	if err != nil {
 		fmt.Println(errName(err))
@@ -630,6 +640,19 @@ func TestAuthorizationByRealUID(t *testing.T) {
 		{"operator is refused a wildcard grant", uidOperator, "allow-alpha-wildcard", denied},
 		{"operator is refused a grant out of scope", uidOperator, "allow-beta", denied},
 		{"operator revokes a grant", uidOperator, "revoke-g1", "ok"},
+		{"operator records a relay action in scope", uidOperator, "relay-alpha", "ok"},
+		{"operator is refused a relay action out of scope", uidOperator, "relay-beta", denied},
+		{"scoped operator is refused a relay action naming no agent", uidOperator, "relay-none", denied},
+		{"stranger is refused a relay action", uidStranger, "relay-alpha", denied},
+		{"viewer records a relay action", uidViewer, "relay-beta", "ok"},
+		{"a relay action is one line", uidOperator, "relay-alpha-multiline", bus.ErrorInvalid},
+		{"a relay action has a known outcome", uidOperator, "relay-alpha-outcome", bus.ErrorInvalid},
+		{"viewer lists approvals", uidViewer, "approvals-alpha", "ok"},
+		{"stranger is refused the approvals list", uidStranger, "approvals-alpha", denied},
+		{"viewer is refused a decision", uidViewer, "approve-alpha", denied},
+		{"stranger is refused a decision", uidStranger, "approve-alpha", denied},
+		{"a verdict is once, host or deny", uidOperator, "approve-bad-verdict", bus.ErrorInvalid},
+		{"operator decides an approval", uidOperator, "approve-alpha", "ok"},
 		{"only root may own the name", uidOperator, "own", "org.freedesktop.DBus.Error.AccessDenied"},
 	}
 	for _, c := range cases {
@@ -642,7 +665,9 @@ func TestAuthorizationByRealUID(t *testing.T) {
 	calls := h.be.Calls()
 	want := []string{"audit alpha 0 10", "kill alpha by otto (uid 33)", `quarantine alpha "test" by otto (uid 33)`,
 		`rotate alpha "" false by otto (uid 33)`, `logs alpha 10 ""`,
-		"grants alpha", "allow alpha api.example.com:0 1h0m0s by otto (uid 33)", "revoke alpha g-1 by otto (uid 33)"}
+		"grants alpha", "allow alpha api.example.com:0 1h0m0s by otto (uid 33)", "revoke alpha g-1 by otto (uid 33)",
+		"relay alpha stop ok stop done by otto (uid 33)", "relay beta-2 stop ok stop done by vera (uid 65534)",
+		"approvals alpha", "decide alpha a-0123456789ab once by otto (uid 33)"}
 	if !slices.Equal(calls, want) {
 		t.Errorf("backend saw %q, want only %q", calls, want)
 	}
@@ -668,9 +693,30 @@ func (f *fakeBackend) ListGrants(ctx context.Context, agent string) ([]bus.Grant
 	return []bus.Grant{{ID: "g-1", Agent: agent, Host: "a.example.com"}}, nil
 }
 
+func (f *fakeBackend) ApplyControl(ctx context.Context, raw []byte, by string) (control.Ack, error) {
+	f.rec("control by %s", by)
+	return control.Ack{Status: control.StatusRejected, Reason: "fake"}, nil
+}
+
+func (f *fakeBackend) ControlAcks(ctx context.Context, max uint32) ([]control.Ack, error) {
+	return nil, nil
+}
+
 func (f *fakeBackend) RevokeGrant(ctx context.Context, agent, id, by string) error {
 	f.rec("revoke %s %s by %s", agent, id, by)
 	return nil
 }
 
 func (f *fakeBackend) GrantAgent(id string) (string, bool) { return "alpha", id == "g-1" }
+
+func (f *fakeBackend) ListApprovals(ctx context.Context, agent string) ([]bus.Approval, error) {
+	f.rec("approvals %s", agent)
+	return []bus.Approval{{ID: "a-0123456789ab", Agent: agent, Host: "new.example.com", Port: 443, Method: "CONNECT"}}, nil
+}
+
+func (f *fakeBackend) DecideApproval(ctx context.Context, agent, id, verdict, by string) (string, error) {
+	f.rec("decide %s %s %s by %s", agent, id, verdict, by)
+	return "", nil
+}
+
+func (f *fakeBackend) ApprovalAgent(id string) (string, bool) { return "alpha", id == "a-0123456789ab" }

@@ -248,10 +248,12 @@ account "ops-alpha" {
 	srv.Emit(bus.SignalAgentStateChanged, "alpha", "failed", "failed")
 	// A throw-away cage's summary names the hosts it was refused.
 	srv.Emit(bus.SignalRunFinished, "run-7", int32(1), `{"name":"run-7","blocked_hosts":["evil.example"]}`)
+	// The chat relay reports what it did on beta-2.
+	srv.Emit(bus.SignalRelayAction, "beta-2", "telegram:1 (@x)", "stop", "ok", "stop done", "cage-relay (uid 990)")
 	srv.Emit(bus.SignalReconciled, endMarker)
 
 	want := map[string][]string{
-		"viewer (group nogroup)":     {"EgressDecision alpha", "EgressDecision beta-2", "AgentKilled alpha", "AgentStateChanged alpha", "RunFinished run-7"},
+		"viewer (group nogroup)":     {"EgressDecision alpha", "EgressDecision beta-2", "AgentKilled alpha", "AgentStateChanged alpha", "RunFinished run-7", "RelayAction beta-2"},
 		"operator of alpha (uid 33)": {"EgressDecision alpha", "AgentKilled alpha", "AgentStateChanged alpha"},
 		"stranger":                   {"AgentStateChanged alpha"},
 	}
@@ -268,7 +270,7 @@ account "ops-alpha" {
 	}
 	seen := mon.until(t, func(l string) bool { return strings.Contains(l, endMarker) })
 	for _, l := range seen {
-		if strings.Contains(l, "evil.example") || strings.Contains(l, "member=EgressDecision") || strings.Contains(l, "member=AgentKilled") || strings.Contains(l, "member=RunFinished") {
+		if strings.Contains(l, "evil.example") || strings.Contains(l, "member=EgressDecision") || strings.Contains(l, "member=AgentKilled") || strings.Contains(l, "member=RunFinished") || strings.Contains(l, "member=RelayAction") {
 			t.Fatalf("dbus-monitor as a stranger printed audit data: %q", seen)
 		}
 	}

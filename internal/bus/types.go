@@ -21,6 +21,7 @@ import (
 	"github.com/godbus/dbus/v5"
 
 	"github.com/nixcage/nixcage/internal/paths"
+	"github.com/nixcage/nixcage/internal/policy"
 )
 
 // Names on the bus.
@@ -108,6 +109,9 @@ type Status struct {
 	// ChannelPoll is the release channel poller's state (URL "" when
 	// caged polls no channel).
 	ChannelPoll ChannelStatus `json:"channel_poll"`
+	// Bans are the host names signed control commands banned on this host
+	// (docs/fleet.md), in force in every affected gateway.
+	Bans []policy.Ban `json:"bans"`
 }
 
 // ChannelStatus is the pulled channel's state (docs/fleet.md "Status").

@@ -105,6 +105,9 @@ func Publish(ctx context.Context, rel, dir string) (*Published, error) {
 	if err := release.WriteFileAtomic(filepath.Join(dir, rd, release.ManifestFile), raw, 0o644); err != nil {
 		return nil, fmt.Errorf("publish %s: %w", rd, err)
 	}
+	if err := emptyControlFeed(dir); err != nil {
+		return nil, fmt.Errorf("publish %s/%s: %w", ControlsDir, ControlIndexFile, err)
+	}
 	ix := &Index{Schema: 1, Channel: m.Channel, Generation: m.Generation, Release: rd}
 	b, err := ix.Marshal()
 	if err != nil {
@@ -114,6 +117,21 @@ func Publish(ctx context.Context, rel, dir string) (*Published, error) {
 		return nil, fmt.Errorf("publish %s: %w", IndexFile, err)
 	}
 	return out, nil
+}
+
+// emptyControlFeed writes an empty controls/index.json unless one exists,
+// so every published channel has a feed index: an S3-style bucket answers
+// 403, not 404, for a missing object, and a host must be able to tell "no
+// commands" from "cannot read the feed".
+func emptyControlFeed(dir string) error {
+	p := filepath.Join(dir, ControlsDir, ControlIndexFile)
+	if _, err := os.Stat(p); err == nil || !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		return err
+	}
+	return release.WriteFileAtomic(p, []byte("{\"schema\": 1, \"commands\": []}\n"), 0o644)
 }
 
 // cacheFiles lists the release's cache files in publishing order: NARs,

@@ -103,40 +103,17 @@ func grantTarget(g bus.Grant) string {
 }
 
 func runGrantsList(ctx context.Context, env *Env, args []string) error {
-	fs := newFlags(env, "grants list")
-	addr := addBusFlag(fs, env)
-	asJSON := fs.Bool("json", false, "print JSON")
-	pos, err := parseFlags(fs, args)
+	l, err := parseAgentList(ctx, env, "grants list", args)
 	if err != nil {
 		return err
 	}
-	agent := ""
-	switch len(pos) {
-	case 0:
-	case 1:
-		if err := checkAgent(pos[0]); err != nil {
-			return err
-		}
-		agent = pos[0]
-	default:
-		return usageError("grants list takes at most one AGENT")
-	}
-	c, err := dialCaged(ctx, *addr)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	gs, err := c.ListGrants(ctx, agent)
+	defer l.c.Close()
+	gs, err := l.c.ListGrants(ctx, l.agent)
 	if err != nil {
 		return busError(err)
 	}
-	if *asJSON {
-		if gs == nil {
-			gs = []bus.Grant{}
-		}
-		enc := json.NewEncoder(env.Out)
-		enc.SetIndent("", "  ")
-		return enc.Encode(gs)
+	if l.json {
+		return printJSON(env, orEmpty(gs))
 	}
 	if len(gs) == 0 {
 		fmt.Fprintln(env.Out, "no grants in force")
@@ -144,6 +121,53 @@ func runGrantsList(ctx context.Context, env *Env, args []string) error {
 	}
 	printGrants(env, gs)
 	return nil
+}
+
+// agentList is a parsed `NAME [AGENT] [--json] [--bus ADDR]` listing
+// command, with caged dialled.
+type agentList struct {
+	agent string // "" for every agent the caller may view
+	json  bool
+	c     *bus.Client
+}
+
+func parseAgentList(ctx context.Context, env *Env, name string, args []string) (*agentList, error) {
+	fs := newFlags(env, name)
+	addr := addBusFlag(fs, env)
+	asJSON := fs.Bool("json", false, "print JSON")
+	pos, err := parseFlags(fs, args)
+	if err != nil {
+		return nil, err
+	}
+	l := &agentList{json: *asJSON}
+	switch len(pos) {
+	case 0:
+	case 1:
+		if err := checkAgent(pos[0]); err != nil {
+			return nil, err
+		}
+		l.agent = pos[0]
+	default:
+		return nil, usageError("%s takes at most one AGENT", name)
+	}
+	if l.c, err = dialCaged(ctx, *addr); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// orEmpty makes a nil list print as [] in JSON.
+func orEmpty[T any](v []T) []T {
+	if v == nil {
+		return []T{}
+	}
+	return v
+}
+
+func printJSON(env *Env, v any) error {
+	enc := json.NewEncoder(env.Out)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
 }
 
 // printGrants prints grants as a table. By and reason are an operator's

@@ -63,6 +63,14 @@ var help = map[string]helpText{
 			"cagectl allow claude api.example.com:8443 --for 30m",
 		},
 	},
+	"approvals": {
+		long:     "Requests outside an agent's policy that wait for an operator (agents with an approval { wait = \"30s\" } block): id, agent, host and port, method and path where the gateway saw them (a CONNECT has no path), when they started waiting and how long is left. Viewer role; without AGENT every agent you may view. caged also announces each one (D-Bus signal ApprovalPending, journal event approval-pending). See docs/grants.md.",
+		examples: []string{"cagectl approvals", "cagectl approvals claude --json"},
+	},
+	"approve": {
+		long:     "Decides a waiting request (operator over its agent): once lets it (and any request waiting for the same host and port) through; host also grants the host for the default grant time (cagectl grants list shows it); deny refuses it with a 403 saying it was denied, and the same host is refused without asking for a minute. The gateway applies the decision within a fraction of a second; the audit names the approver (rule approval:ID). See docs/grants.md.",
+		examples: []string{"cagectl approve a-3f2a9c01b7de once", "cagectl approve a-3f2a9c01b7de host", "cagectl approve a-3f2a9c01b7de deny"},
+	},
 	"grants list": {
 		long:     "The grants in force (expired ones are gone), of one agent or of every agent you may view (viewer role); also shown by cagectl status.",
 		examples: []string{"cagectl grants list", "cagectl grants list claude --json"},
@@ -99,8 +107,27 @@ var help = map[string]helpText{
 		long:     "Without a command: every command with its summary. With one: that command's help, as --help prints it.",
 		examples: []string{"cagectl help", "cagectl help apply-config"},
 	},
+	"control sign": {
+		long: "Builds a control command (docs/fleet.md, \"Control commands\"): action, target host (its control.host_id, or '*') and agent (or '*'), the host name to ban for ban-host/unban-host, a reason, issued now, expires after --expires (at most 24h), a random 128-bit nonce. It is checked as a host would, then signed over its canonical bytes with every --key. Hosts accept it only with control.threshold valid signatures by their control.keys (not the store's release keys). Put the file on the channel or run cagectl control apply on the host.",
+		examples: []string{
+			"cagectl control sign --key /root/keys/ops.key --action quarantine --host web-01 --agent claude --reason 'exfiltration seen in audit' --out q.json",
+			"cagectl control sign --key ops.key --key sec.key --action ban-host --host '*' --agent '*' --ban evil.example.com --expires 2h --out ban.json",
+		},
+	},
+	"control cosign": {
+		long:     "Adds a signature by each --key to a signed command, for a control.threshold above 1: the command's bytes are unchanged, so every signer signs the same canonical command. A key that already signed is refused.",
+		examples: []string{"cagectl control cosign ban.json --key /root/keys/sec.key"},
+	},
+	"control apply": {
+		long:     "Sends the file's bytes to caged (admin role, as for apply), which checks the signatures against control.keys and control.threshold, the action, the target host and agent, issued/expires (5 minutes of clock skew allowed), and the replay cache, then executes the command at most once. Every outcome is an acknowledgement (executed, failed, rejected, duplicate, expired, with the reason), written to the ack file, the journal and the ack URL; it is printed here. The exit status is 0 only when the command was executed.",
+		examples: []string{"cagectl control apply q.json", "cagectl control apply ban.json --json"},
+	},
+	"control acks": {
+		long:     "The acknowledgements caged recorded for control commands, newest first: time, status, action, target, command hash (sha256 of its canonical bytes), source (file or channel) and reason. Viewer role over all agents. --json prints the ack file's records.",
+		examples: []string{"cagectl control acks", "cagectl control acks -n 0 --json"},
+	},
 	"key generate": {
-		long:     "Writes PREFIX.key (the private key, mode 0600, never overwritten) and PREFIX.pub. Put the .pub file in the store block's keys; keep the .key file off the appliance.",
+		long:     "Writes PREFIX.key (the private key, mode 0600, never overwritten) and PREFIX.pub. Put the .pub file in the store block's keys (release keys) or the control block's keys (control-command keys); keep the .key file off the appliance, and keep the two sets apart.",
 		examples: []string{"cagectl key generate --out /root/keys/release", "cagectl key generate --out ci-signer --type ecdsa-p256"},
 	},
 	"key rotate": {
@@ -170,6 +197,10 @@ var help = map[string]helpText{
 	"attach": {
 		long:     "Connects this terminal to the console caged holds for an interactive agent (interactive = true): what it printed while nobody was attached comes first, then your keys go to it and your window size follows. Ctrl-] detaches; the agent goes on and a later attach comes back. One terminal at a time: a new attach takes the console over. Operator role over the agent.",
 		examples: []string{"cagectl attach claude"},
+	},
+	"shell": {
+		long:     "Opens a shell (default /bin/sh, or COMMAND after --) inside a running cage, for debugging: as the agent's user, in its network namespace (no route), with its mounts, capabilities (none), seccomp filters and limits, never more. A terminal on stdin gets a real pty (window size, Ctrl-C), pipes otherwise; the shell's exit status is cagectl's. caged starts it as a transient unit of its own; opening and closing are events (shell-opened, shell-closed) naming who ran what. Service and nspawn cages; not podman. Admin role over the agent.",
+		examples: []string{"cagectl shell claude", "cagectl shell claude -- sh -c 'id; ls -la /workspace'"},
 	},
 	"store binds": {
 		long:     "What a cage start binds from the store: every path resolved inside the store, any link out of it refused. Prints SRC:DST lines (service) or nspawn/podman options. Reads only.",

@@ -235,15 +235,12 @@ func runRun(ctx context.Context, env *Env, args []string) error {
 		return busError(err)
 	}
 
-	var term *terminal
-	cageIO := stdio
-	if termpkg.IsTerminal(stdio[0]) {
-		term, err = newTerminal(stdio)
-		if err != nil {
-			return err
-		}
-		defer term.Close()
-		cageIO = [3]*os.File{term.slave, term.slave, term.slave}
+	term, cageIO, err := cageStdio(stdio)
+	if err != nil {
+		return err
+	}
+	defer term.Close()
+	if term != nil {
 		s.req.TTY, s.req.Term = true, env.Getenv("TERM")
 	}
 	name, err := c.StartRun(ctx, s.req, cageIO, in.binds, in.secrets)
@@ -251,17 +248,11 @@ func runRun(ctx context.Context, env *Env, args []string) error {
 	if err != nil {
 		return busError(fmt.Errorf("run: %w", err))
 	}
-	if term != nil {
-		// systemd holds its own copy; ours would keep the pty open.
-		term.slave.Close()
-		if err := term.start(); err != nil {
-			return err
-		}
+	if err := term.handOver(); err != nil {
+		return err
 	}
 	sum, err := waitRun(ctx, c, name, finished, term)
-	if term != nil {
-		term.finish()
-	}
+	term.finish()
 	if err != nil {
 		return err
 	}
@@ -329,6 +320,29 @@ type terminal struct {
 	out           sync.WaitGroup
 }
 
+// cageStdio is what the cage gets as stdin, stdout and stderr: a new pty's
+// slave when stdin is a terminal (term is then that pty), else the
+// caller's own descriptors (term is nil; its methods do nothing).
+func cageStdio(user [3]*os.File) (term *terminal, cage [3]*os.File, err error) {
+	if !termpkg.IsTerminal(user[0]) {
+		return nil, user, nil
+	}
+	if term, err = newTerminal(user); err != nil {
+		return nil, user, err
+	}
+	return term, [3]*os.File{term.slave, term.slave, term.slave}, nil
+}
+
+// handOver is called once caged has the slave: systemd holds its own copy
+// (ours would keep the pty open), and the copying starts.
+func (t *terminal) handOver() error {
+	if t == nil {
+		return nil
+	}
+	t.slave.Close()
+	return t.start()
+}
+
 func newTerminal(user [3]*os.File) (*terminal, error) {
 	master, slave, err := termpkg.OpenPTY()
 	if err != nil {
@@ -361,6 +375,9 @@ func (t *terminal) start() error {
 // slave open while the unit exists, so there is no EOF to wait for) and
 // gives the user's terminal back.
 func (t *terminal) finish() {
+	if t == nil {
+		return
+	}
 	t.master.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
 	t.out.Wait()
 	if t.restore != nil {
@@ -370,6 +387,9 @@ func (t *terminal) finish() {
 }
 
 func (t *terminal) Close() {
+	if t == nil {
+		return
+	}
 	if t.restore != nil {
 		t.restore()
 	}
@@ -384,7 +404,7 @@ func osStdio(env *Env) ([3]*os.File, error) {
 	out, ok2 := env.Out.(*os.File)
 	errf, ok3 := env.Err.(*os.File)
 	if !ok1 || !ok2 || !ok3 {
-		return [3]*os.File{}, errors.New("run: stdin, stdout and stderr must be files, pipes or a terminal (they are handed to the cage)")
+		return [3]*os.File{}, errors.New("stdin, stdout and stderr must be files, pipes or a terminal (they are handed to the cage)")
 	}
 	return [3]*os.File{in, out, errf}, nil
 }

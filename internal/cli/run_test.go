@@ -44,6 +44,18 @@ func TestParseRun(t *testing.T) {
 				t.Errorf("binds %+v", s.binds)
 			}
 		}},
+		{name: "learn", args: []string{"--learn", "--learn-for", "10m", "--", "true"}, check: func(t *testing.T, s *runSpec) {
+			if !s.req.Learn || s.req.LearnSeconds != 600 {
+				t.Errorf("parsed %+v", s.req)
+			}
+		}},
+		{name: "learn default window", args: []string{"--learn", "--", "true"}, check: func(t *testing.T, s *runSpec) {
+			if !s.req.Learn || s.req.LearnSeconds != 0 {
+				t.Errorf("parsed %+v", s.req)
+			}
+		}},
+		{name: "learn-for without learn", args: []string{"--learn-for", "10m", "true"}, want: "needs --learn"},
+		{name: "learn-for too long", args: []string{"--learn", "--learn-for", "48h", "true"}, want: "use 1m to 24h"},
 		{name: "no command", args: []string{"--policy", "none"}, want: "usage: cagectl run"},
 		{name: "policy and allow", args: []string{"--policy", "p", "--allow", "x.example.com", "true"}, want: "not both"},
 		{name: "unknown backend", args: []string{"--backend", "podman", "true"}, want: "use service or nspawn"},

@@ -84,6 +84,15 @@ func runStatus(ctx context.Context, env *Env, args []string) error {
 		fmt.Fprintln(env.Out, "\negress grants in force (cagectl grants list):")
 		printGrants(env, gs)
 	}
+	if len(st.Bans) > 0 {
+		fmt.Fprintln(env.Out, "\nhosts banned by control commands (docs/fleet.md):")
+		tw := tabwriter.NewWriter(env.Out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "BAN\tHOST\tAGENT\tSINCE\tCOMMAND\tREASON")
+		for _, b := range st.Bans {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", b.ID, b.Host, b.Agent, time.Unix(b.CreatedUnix, 0).UTC().Format(time.RFC3339), shortHash(b.Command), b.Reason)
+		}
+		tw.Flush()
+	}
 	return nil
 }
 

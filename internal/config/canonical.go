@@ -131,6 +131,19 @@ func Canonical(cfg *Config) ([]byte, error) {
 	if cfg.Metrics != nil {
 		doc["metrics"] = map[string]any{"listen": cfg.Metrics.Listen}
 	}
+	if c := cfg.Control; c != nil {
+		m := map[string]any{"keys": c.Keys, "threshold": c.Threshold}
+		if c.HostID != "" {
+			m["host_id"] = c.HostID
+		}
+		if c.AckURL != "" {
+			m["ack_url"] = c.AckURL
+		}
+		doc["control"] = m
+	}
+	if r := cfg.Relay; r != nil {
+		doc["relay"] = canonRelay(r)
+	}
 	if c := cfg.Channel; c != nil {
 		m := map[string]any{"url": c.URL, "interval": c.Interval.String()}
 		if c.CAFile != "" {

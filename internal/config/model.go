@@ -15,6 +15,8 @@ type Config struct {
 	Store    *Store     // nil when no store block was declared
 	Evidence Evidence   // zero fields: the quarantine package's defaults
 	Metrics  *Metrics   // nil when no metrics block was declared (off)
+	Control  *Control   // nil when no control block was declared (no commands accepted)
+	Relay    *Relay     // nil when no relay block was declared (no chat relay)
 	Channel  *Channel   // nil when no channel block was declared (no polling)
 	// Policies are the declared named policies, used or not (cagectl run
 	// names them too), sorted by name.
@@ -165,6 +167,17 @@ type Metrics struct {
 	// Listen is "HOST:PORT" with a loopback IP literal, or
 	// "unix:/run/nixcage/NAME" (DefaultMetricsListen).
 	Listen string
+}
+
+// Control is the trust and identity for signed control commands.
+type Control struct {
+	// HostID is what a command's "host" must name; "" means the host
+	// name at caged's start.
+	HostID    string
+	Keys      []string // PEM public key files
+	Threshold int
+	// AckURL, if set, receives every ack by HTTP PUT (docs/fleet.md).
+	AckURL string
 }
 
 // Channel is the release channel caged polls (docs/fleet.md "Channels").

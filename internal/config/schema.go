@@ -16,7 +16,39 @@ type fileV1 struct {
 	Store    []storeV1     `hcl:"store,block"`
 	Evidence []evidenceV1  `hcl:"evidence,block"`
 	Metrics  []metricsV1   `hcl:"metrics,block"`
+	Control  []controlV1   `hcl:"control,block"`
+	Relay    []relayV1     `hcl:"relay,block"`
 	Channel  []channelV1   `hcl:"channel,block"`
+}
+
+// controlV1 configures signed control commands (docs/fleet.md).
+type controlV1 struct {
+	Body      hcl.Body `hcl:",body"`
+	HostID    *string  `hcl:"host_id,optional"`
+	Keys      []string `hcl:"keys"`
+	Threshold *int     `hcl:"threshold,optional"`
+	AckURL    *string  `hcl:"ack_url,optional"`
+}
+
+// relayV1 is the chat relay (cage-relay): where its token is, who may
+// command it, which account it acts as, and the chat each agent answers in.
+type relayV1 struct {
+	Body         hcl.Body      `hcl:",body"`
+	TokenFile    string        `hcl:"token_file"`
+	Owners       []int64       `hcl:"owners"`
+	Account      string        `hcl:"account"`
+	APIURL       *string       `hcl:"api_url,optional"`
+	MaxFileBytes *int64        `hcl:"max_file_bytes,optional"`
+	Chats        []relayChatV1 `hcl:"chat,block"`
+}
+
+// relayChatV1 binds one agent to a chat (a group, or one topic of a forum
+// group).
+type relayChatV1 struct {
+	Body   hcl.Body `hcl:",body"`
+	Agent  string   `hcl:"agent,label"`
+	ChatID int64    `hcl:"chat_id"`
+	Topic  *int64   `hcl:"topic,optional"`
 }
 
 // channelV1 makes caged poll a release channel (docs/fleet.md).
@@ -111,6 +143,9 @@ type policyV1 struct {
 
 	UnsafeAllowLoopbackUpstreams *bool `hcl:"unsafe_allow_loopback_upstreams,optional"`
 	UnsafeAllowPrivateUpstreams  *bool `hcl:"unsafe_allow_private_upstreams,optional"`
+	// Decoded only to be refused with a message naming what it is: a
+	// bench-only switch of cage-egress, never a policy setting.
+	UnsafeBenchIPLiterals *bool `hcl:"unsafe_bench_ip_literals,optional"`
 }
 
 // httpRuleV1 allows or denies requests to intercepted hosts by method and

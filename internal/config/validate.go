@@ -34,6 +34,7 @@ var (
 	envNameRE     = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 	unixNameRE    = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}\$?$`)
 	channelRE     = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
+	hostIDRE      = regexp.MustCompile(`^[a-z0-9]([a-z0-9.-]{0,62}[a-z0-9])?$`)
 	headerRE      = regexp.MustCompile(`^[A-Za-z0-9!#$%&'*+.^_` + "`" + `|~-]+$`)
 	memoryRE      = regexp.MustCompile(`^(infinity|[0-9]+[KMGT]?|[0-9]{1,3}%)$`)
 	cpuRE         = regexp.MustCompile(`^[0-9]{1,5}%$`)
@@ -239,6 +240,10 @@ func (v *validator) build(files []*fileV1) *Config {
 		func(e *evidenceV1) { cfg.Evidence = v.evidence(e) })
 	onlyBlock(v, files, "metrics", func(f *fileV1) []metricsV1 { return f.Metrics }, func(m *metricsV1) hcl.Body { return m.Body },
 		func(m *metricsV1) { cfg.Metrics = v.metrics(m) })
+	onlyBlock(v, files, "control", func(f *fileV1) []controlV1 { return f.Control }, func(c *controlV1) hcl.Body { return c.Body },
+		func(c *controlV1) { cfg.Control = v.control(c) })
+	onlyBlock(v, files, "relay", func(f *fileV1) []relayV1 { return f.Relay }, func(r *relayV1) hcl.Body { return r.Body },
+		func(r *relayV1) { cfg.Relay = v.relay(r, cfg) })
 	chanBody := onlyBlock(v, files, "channel", func(f *fileV1) []channelV1 { return f.Channel }, func(c *channelV1) hcl.Body { return c.Body },
 		func(c *channelV1) { cfg.Channel = v.channel(c) })
 	if cfg.Channel != nil && cfg.Store == nil {
@@ -693,6 +698,9 @@ func (v *validator) resolvePolicy(name string, p *policyV1) *resolvedPolicy {
 	if p.UnsafeAllowPrivateUpstreams != nil {
 		out.UnsafeAllowPrivateUpstreams = *p.UnsafeAllowPrivateUpstreams
 	}
+	if p.UnsafeBenchIPLiterals != nil {
+		v.errorf(at(p.Body, "unsafe_bench_ip_literals"), "Bench-only setting", "egress_policy %q: unsafe_bench_ip_literals is not a policy setting: IP-literal destinations exist only as cage-egress --unsafe-bench-ip-literals for bench/egress/run.sh, which the rendered units never pass and which refuses to run under systemd. Remove it; allow the host's name instead.", name)
+	}
 	creds := map[string]credentialV1{}
 	for _, c := range p.Credentials {
 		if _, dup := creds[c.Name]; dup {
@@ -823,7 +831,7 @@ func (v *validator) store(s *storeV1) *Store {
 	if len(s.Keys) == 0 {
 		v.errorf(at(s.Body, "keys"), "No trusted keys", "store: keys is empty, so no release could ever be accepted. List the PEM public key files releases are signed with (cagectl key generate makes a pair).")
 	}
-	out.Threshold = v.keyRole(s.Body, "keys", "threshold", s.Keys, s.Threshold)
+	out.Threshold = v.keyRole("store", s.Body, "keys", "threshold", s.Keys, s.Threshold)
 	for _, k := range s.NixKeys {
 		name, key, ok := strings.Cut(k, ":")
 		if !ok || name == "" || key == "" {
@@ -838,7 +846,7 @@ func (v *validator) store(s *storeV1) *Store {
 		out.ExpiryWarning = d
 	}
 	out.RootKeys = s.RootKeys
-	out.RootThreshold = v.keyRole(s.Body, "root_keys", "root_threshold", s.RootKeys, s.RootThreshold)
+	out.RootThreshold = v.keyRole("store", s.Body, "root_keys", "root_threshold", s.RootKeys, s.RootThreshold)
 	if s.Generations != nil {
 		out.Generations = *s.Generations
 		if *s.Generations < 2 {
@@ -965,12 +973,12 @@ func ParseDays(s string) (time.Duration, error) {
 
 // keyRole checks a list of PEM key files and its threshold (default 1):
 // store.keys/threshold and store.root_keys/root_threshold.
-func (v *validator) keyRole(body hcl.Body, keysAttr, thrAttr string, keys []string, threshold *int) int {
+func (v *validator) keyRole(blockName string, body hcl.Body, keysAttr, thrAttr string, keys []string, threshold *int) int {
 	seen := map[string]bool{}
 	for _, k := range keys {
 		v.checkAbsPath(at(body, keysAttr), "key file", k)
 		if seen[k] {
-			v.errorf(at(body, keysAttr), "Duplicate key", "store: %s lists %s twice; a threshold counts distinct keys.", keysAttr, k)
+			v.errorf(at(body, keysAttr), "Duplicate key", "%s: %s lists %s twice; a threshold counts distinct keys.", blockName, keysAttr, k)
 		}
 		seen[k] = true
 	}
@@ -978,7 +986,7 @@ func (v *validator) keyRole(body hcl.Body, keysAttr, thrAttr string, keys []stri
 		return 1
 	}
 	if *threshold < 1 || *threshold > len(keys) {
-		v.errorf(at(body, thrAttr), "Invalid signature threshold", "store: %s = %d with %d key(s) in %s; it must be between 1 and the number of keys.", thrAttr, *threshold, len(keys), keysAttr)
+		v.errorf(at(body, thrAttr), "Invalid signature threshold", "%s: %s = %d with %d key(s) in %s; it must be between 1 and the number of keys.", blockName, thrAttr, *threshold, len(keys), keysAttr)
 	}
 	return *threshold
 }
@@ -1022,6 +1030,31 @@ func (v *validator) turn(a *agentV1, ag *Agent) {
 		}
 		ag.TurnTimeout = d
 	}
+}
+
+// control checks the signed control commands' trust (docs/fleet.md,
+// "Control commands"): its own key files and threshold, never the store's,
+// so a release key issues commands only where it is listed here too.
+func (v *validator) control(c *controlV1) *Control {
+	out := &Control{Keys: c.Keys}
+	if c.HostID != nil {
+		out.HostID = *c.HostID
+		if !hostIDRE.MatchString(*c.HostID) {
+			v.errorf(at(c.Body, "host_id"), "Invalid host id", "control: host_id = %q; use lower-case letters, digits, '.' and '-' (at most 64), such as \"web-01\". Leave it out to use the host name.", *c.HostID)
+		}
+	}
+	if len(c.Keys) == 0 {
+		v.errorf(at(c.Body, "keys"), "No control keys", "control: keys is empty, so no command could ever be accepted. List the PEM public keys commands are signed with (cagectl key generate makes a pair; keep them apart from the release keys).")
+	}
+	out.Threshold = v.keyRole("control", c.Body, "keys", "threshold", c.Keys, c.Threshold)
+	if c.AckURL != nil {
+		u, err := url.Parse(*c.AckURL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+			v.errorf(at(c.Body, "ack_url"), "Invalid ack URL", "control: ack_url = %q; write an http(s) URL without credentials, query or fragment, such as \"https://acks.example.com/fleet/\" (acks are PUT below it).", *c.AckURL)
+		}
+		out.AckURL = *c.AckURL
+	}
+	return out
 }
 
 // learn validates learn and learn_for.

@@ -70,6 +70,11 @@ func (d *Daemon) Status(ctx context.Context) (*bus.Status, error) {
 		st.Agents = append(st.Agents, d.agentStatusWith(a, marks[a.Name]))
 	}
 	st.Agents = append(st.Agents, d.runStatuses()...)
+	// A bans file caged cannot read is logged, not a failed status: the
+	// gateways keep the bans they last loaded (egress/bans.go).
+	if st.Bans, err = d.readBans(); err != nil {
+		d.log.Warn("status: bans file unreadable", "file", d.bansFile(), "err", err)
+	}
 	return st, nil
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/nixcage/nixcage/internal/config"
 	"github.com/nixcage/nixcage/internal/events"
 	"github.com/nixcage/nixcage/internal/release"
+	"github.com/nixcage/nixcage/internal/store"
 )
 
 // channelApplyTimeout bounds a whole apply from the channel: the NARs have
@@ -129,9 +130,14 @@ func (d *Daemon) pollChannel(ctx context.Context, cs *channelState) (uint64, err
 	return ix.Generation, nil
 }
 
-// pollRelease applies the release ix names when it is above what the store
-// has accepted. The index is untrusted: a generation it claims decides only
-// whether to look; the store's checks decide what is accepted.
+// pollRelease applies the release ix names unless it is the current
+// generation. The index is untrusted and its number is only a hint: which
+// release is newer is the store's decision (its anti-rollback counter
+// counts only what the trusted keys signed, after the key rotations the
+// channel ships), so everything but the current generation goes to the
+// store. A pre-check by number here would freeze a host whose current
+// generation a revoked key numbered 2^64-1, the attack the store's counter
+// recovers from (docs/store.md "Anti-rollback counter").
 func (d *Daemon) pollRelease(ctx context.Context, cl *channel.Client, ix *channel.Index) error {
 	d.op.Lock()
 	defer d.op.Unlock()
@@ -143,24 +149,36 @@ func (d *Daemon) pollRelease(ctx context.Context, cl *channel.Client, ix *channe
 	if err != nil {
 		return err
 	}
-	highest, err := s.Highest()
-	if err != nil {
-		return err
-	}
-	switch {
-	case ix.Generation == cur:
-		return nil
-	case ix.Generation < cur:
-		return &release.Refusal{Reason: fmt.Sprintf("the channel serves generation %d, older than the current generation %d (a replay or a channel rolled back); nothing applied: publish a release above %d", ix.Generation, cur, highest)}
-	case ix.Generation <= highest:
-		// Accepted once and rolled back from by an operator: the rollback
-		// stands until the channel publishes something newer.
+	if ix.Generation == cur {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, channelApplyTimeout)
 	defer cancel()
 	_, err = d.applySource(ctx, cl.Release(ix), channelBy(cl))
+	var ref *release.Refusal
+	if errors.As(err, &ref) && ix.Generation > cur && keptGeneration(s, ix.Generation) {
+		// An operator rolled back from this very generation: the rollback
+		// stands until the channel publishes something newer.
+		d.log.Debug("channel serves a generation rolled back from", "generation", ix.Generation, "current", cur)
+		return nil
+	}
 	return err
+}
+
+// keptGeneration reports whether n is one of the store's kept generations
+// (a revoked key's generations above current are pruned, so this is never
+// true of them).
+func keptGeneration(s *store.Store, n uint64) bool {
+	gens, err := s.Generations()
+	if err != nil {
+		return false
+	}
+	for _, g := range gens {
+		if g.Number == n {
+			return true
+		}
+	}
+	return false
 }
 
 func channelBy(cl *channel.Client) string { return "channel " + cl.String() }
@@ -196,8 +214,8 @@ func (d *Daemon) channelStatus(current uint64) bus.ChannelStatus {
 		return bus.ChannelStatus{}
 	}
 	st := cs.poller.Status()
-	out := bus.ChannelStatus{URL: cs.url, LastPollUnix: unix(st.LastPoll), LastSuccessUnix: unix(st.LastSuccess),
-		NextPollUnix: unix(st.NextPoll), Published: st.Published, LastError: st.LastError, Failures: uint32(st.Failures)}
+	out := bus.ChannelStatus{URL: cs.url, LastPollUnix: unixOrZero(st.LastPoll), LastSuccessUnix: unixOrZero(st.LastSuccess),
+		NextPollUnix: unixOrZero(st.NextPoll), Published: st.Published, LastError: st.LastError, Failures: uint32(st.Failures)}
 	if st.Published != 0 {
 		out.Lag = int64(st.Published) - int64(current)
 	}
@@ -211,4 +229,12 @@ func (d *Daemon) publishChannel() {
 	}
 	gen, _ := d.storeCurrent()
 	d.srv.SetChannel(d.channelStatus(gen))
+}
+
+// unixOrZero is t in Unix seconds, 0 for the zero time ("never").
+func unixOrZero(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.Unix()
 }

@@ -126,8 +126,10 @@ type Daemon struct {
 	// fetched, unverified (the consumer verifies them; docs/fleet.md).
 	controlFeed func(ctx context.Context, cmds []channel.Control)
 	consoles    map[string]*console
+	shells      map[string]*shell    // open shells by unit (cagectl shell)
 	turns       map[string]*turnLane // one queue of turns per agent (turn.go)
 	slicesOnce  sync.Once
+	ctl         controlState // signed control commands (control.go)
 }
 
 // Serve runs caged with o until ctx ends.
@@ -203,6 +205,7 @@ func Serve(ctx context.Context, o Options) error {
 	// in systemd; the status reports the error.
 	rctx, rcancel := context.WithTimeout(ctx, startupReconcileTimeout)
 	d.cleanupOrphanRuns(rctx)
+	d.cleanupOrphanShells(rctx)
 	// Before the reconcile: interactive agents start only with a console.
 	d.ensureConsoles()
 	d.reconcile(rctx, "start")
@@ -220,6 +223,9 @@ func Serve(ctx context.Context, o Options) error {
 	wg.Add(6)
 	go func() { defer wg.Done(); d.watchCages(ctx) }()
 	go func() { defer wg.Done(); d.serveMetrics(ctx) }()
+	// The channel's control feed goes through the same pipeline as
+	// `cagectl control apply` (control.go).
+	d.controlFeed = d.applyChannelControls
 	go func() { defer wg.Done(); d.runChannel(ctx) }()
 	go func() { defer wg.Done(); d.audit.run(ctx) }()
 	go func() { defer wg.Done(); d.watchdog(ctx) }()
@@ -245,6 +251,7 @@ func Serve(ctx context.Context, o Options) error {
 			sddaemon.SdNotify(false, sddaemon.SdNotifyStopping)
 			// Nobody would tear a run down otherwise.
 			d.stopRuns()
+			d.stopShells()
 			d.conn.ReleaseName(bus.Name)
 			wg.Wait()
 			d.log.Info("caged stopped")
@@ -382,6 +389,9 @@ func (d *Daemon) watchUnits(ctx context.Context, updates <-chan *sdbus.Propertie
 		case err := <-errs:
 			d.log.Warn("systemd subscription", "err", err)
 		case u := <-updates:
+			if d.shellUnitChanged(u.UnitName, changedState(u)) {
+				continue
+			}
 			agent, ok := agentOfUnit(u.UnitName)
 			if !ok {
 				continue

@@ -45,28 +45,7 @@ func (d *Daemon) writeGrants(doc *policy.GrantsDoc) error {
 	if err != nil {
 		return err
 	}
-	b = append(b, '\n')
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".grants-*")
-	if err != nil {
-		return fmt.Errorf("grants: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(b); err == nil {
-		err = tmp.Chmod(0o644)
-		if err == nil {
-			err = tmp.Sync()
-		}
-		if cerr := tmp.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return fmt.Errorf("grants: %w", err)
-		}
-	} else {
-		tmp.Close()
-		return fmt.Errorf("grants: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
+	if err := policy.WriteFileAtomic(path, append(b, '\n')); err != nil {
 		return fmt.Errorf("grants: %w", err)
 	}
 	return nil

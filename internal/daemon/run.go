@@ -506,14 +506,8 @@ func writeRunSecrets(dir string, values map[string][]byte) error {
 // (NameOwnerChanged), and a slow poll covers a lost signal.
 func (d *Daemon) superviseRun(r *run) {
 	unit := paths.Instance(paths.AgentTemplate, r.name)
-	left := make(chan *dbus.Signal, 8)
-	match := []dbus.MatchOption{dbus.WithMatchSender("org.freedesktop.DBus"), dbus.WithMatchInterface("org.freedesktop.DBus"),
-		dbus.WithMatchMember("NameOwnerChanged"), dbus.WithMatchArg(0, r.sender)}
-	if r.sender != "" && d.conn.AddMatchSignal(match...) == nil {
-		d.conn.Signal(left)
-		defer d.conn.RemoveSignal(left)
-		defer d.conn.RemoveMatchSignal(match...)
-	}
+	left, unwatch := d.watchCaller(r.sender)
+	defer unwatch()
 	tk := time.NewTicker(5 * time.Second)
 	defer tk.Stop()
 	check := true // the caller may have left before the match was added
@@ -546,6 +540,23 @@ func (d *Daemon) superviseRun(r *run) {
 			d.finishRun(r, "")
 			return
 		}
+	}
+}
+
+// watchCaller delivers the bus's NameOwnerChanged signals about sender (a
+// caller's unique name: it changes owner only when the caller leaves), until
+// unwatch is called.
+func (d *Daemon) watchCaller(sender string) (left chan *dbus.Signal, unwatch func()) {
+	left = make(chan *dbus.Signal, 8)
+	match := []dbus.MatchOption{dbus.WithMatchSender("org.freedesktop.DBus"), dbus.WithMatchInterface("org.freedesktop.DBus"),
+		dbus.WithMatchMember("NameOwnerChanged"), dbus.WithMatchArg(0, sender)}
+	if sender == "" || d.conn.AddMatchSignal(match...) != nil {
+		return left, func() {}
+	}
+	d.conn.Signal(left)
+	return left, func() {
+		d.conn.RemoveSignal(left)
+		d.conn.RemoveMatchSignal(match...)
 	}
 }
 

@@ -10,8 +10,8 @@ import (
 )
 
 // cageWatch is how often caged looks at what the cages' prepare steps and
-// gateways leave in their runtime directories (learn windows): a stat and a
-// small read per cage, no inotify (a gateway's directories are its own
+// gateways leave in their runtime directories (learn windows, pending
+// approvals): a stat and a small read per cage, no inotify (a gateway's directories are its own
 // dynamic user's, made and removed by systemd).
 const cageWatch = 500 * time.Millisecond
 
@@ -22,10 +22,11 @@ type learnSeen struct {
 }
 
 // watchCages announces learn windows opening and ending (journal events
-// learn-started, learn-ended: the gateway's audit carries the same), until
-// ctx ends.
+// learn-started, learn-ended: the gateway's audit carries the same) and
+// requests waiting for approval (approvals.go), until ctx ends.
 func (d *Daemon) watchCages(ctx context.Context) {
 	seen := map[string]*learnSeen{}
+	pending := map[string]map[string]bool{}
 	t := time.NewTicker(cageWatch)
 	defer t.Stop()
 	for {
@@ -34,7 +35,9 @@ func (d *Daemon) watchCages(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		d.watchLearn(seen, time.Now())
+		now := time.Now()
+		d.watchLearn(seen, now)
+		d.watchApprovals(pending, now)
 	}
 }
 

@@ -140,9 +140,10 @@ func (g *Gateway) exchange(w http.ResponseWriter, r *http.Request, t *target, re
 // auditDone writes the record of a request that was forwarded.
 func (g *Gateway) auditDone(rec audit.Record, start time.Time, reason string, flags []string, copyErr error) {
 	rec.DurationMS = time.Since(start).Milliseconds()
-	rec.Decision, rec.Reason = audit.Allowed, reason
+	note := rec.Reason // approvedBy, set at admission
+	rec.Decision, rec.Reason = audit.Allowed, withNote(note, reason)
 	if len(flags) > 0 {
-		rec.Decision, rec.Reason = audit.Flagged, strings.Join(flags, "; ")
+		rec.Decision, rec.Reason = audit.Flagged, withNote(note, strings.Join(flags, "; "))
 	}
 	if copyErr != nil {
 		rec.Reason += "; response copy: " + copyErr.Error()

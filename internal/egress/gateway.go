@@ -78,6 +78,11 @@ type Options struct {
 	Audit         *audit.Logger
 	CA            *ca.Authority
 	Log           *slog.Logger
+	// UnsafeBenchIPLiterals lets a CONNECT name an IP literal, decided on
+	// the TLS SNI name instead (bench/egress/run.sh's ip rows). Set only by
+	// cage-egress --unsafe-bench-ip-literals, which refuses to run under
+	// systemd; no configuration document can set it (docs/egress.md).
+	UnsafeBenchIPLiterals bool
 }
 
 // Gateway is one agent's egress gateway.
@@ -95,9 +100,16 @@ type Gateway struct {
 	// grants are the time-bound grants in force (grants.go), swapped
 	// whole when the grants file changes; expiry is checked per decision.
 	grants atomic.Pointer[[]policy.Grant]
+	// bans are the control commands' bans for this agent (bans.go);
+	// live holds the open tunnels a new ban closes.
+	bans atomic.Pointer[[]policy.Ban]
+	live sync.Map // *liveTunnel -> struct{}
 	// learn is learn mode (learn.go), nil when off; its window's end is
 	// checked per decision.
 	learn atomic.Pointer[policy.Learning]
+	// approvals is the approval queue (approval.go), nil when off. It is
+	// the runtime document's at start; a reload does not change it.
+	approvals *approvals
 }
 
 // New builds a gateway from a runtime document. Any inconsistency is an
@@ -125,6 +137,9 @@ func New(rt *policy.Runtime, opts Options) (*Gateway, error) {
 	}
 	g.st.Store(st)
 	g.grants.Store(&[]policy.Grant{})
+	if rt.Approval != nil {
+		g.approvals = newApprovals(rt.Approval, rt.Agent)
+	}
 	g.h1 = g.newTransport(false)
 	g.h2 = g.newTransport(true)
 	return g, nil

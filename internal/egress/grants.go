@@ -16,8 +16,13 @@ import (
 // send.
 const grantsPoll = 250 * time.Millisecond
 
-// decide is the policy decision with the grants and learn mode in force now.
+// decide is the policy decision with the bans, grants and learn mode in
+// force now. A ban comes first: it beats the policy, a grant and learn
+// mode alike.
 func (g *Gateway) decide(st *state, host string, port int, method string) policy.Decision {
+	if d, ok := g.banned(host); ok {
+		return d
+	}
 	return st.pol.DecideLearning(g.learn.Load(), *g.grants.Load(), time.Now(), host, port, method)
 }
 
@@ -69,6 +74,12 @@ func (g *Gateway) watchGrants(ctx context.Context, path string) {
 		g.SetGrants(doc.Grants)
 		g.log.Info("grants loaded", "file", path, "grants", len(doc.Grants))
 	}
+	watchFile(ctx, path, load)
+}
+
+// watchFile calls load now and whenever path changes (polled every
+// grantsPoll), until ctx ends.
+func watchFile(ctx context.Context, path string, load func()) {
 	last := stamp(path)
 	load()
 	t := time.NewTicker(grantsPoll)

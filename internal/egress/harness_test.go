@@ -271,7 +271,8 @@ type harness struct {
 	cagePool  *x509.CertPool
 	ph        map[string]string // secret name -> placeholder
 	stop      func()
-	cageNetns string // the network namespace startCage made, if any
+	args      []string // extra cage-egress flags for start
+	cageNetns string   // the network namespace startCage made, if any
 	logMu     sync.Mutex
 	logBuf    strings.Builder
 }
@@ -429,8 +430,8 @@ func (h *harness) start() {
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
-		done <- Run(ctx, []string{"--config", h.cfgPath, "--listen-proxy", "127.0.0.1:0", "--listen-dns", "127.0.0.1:0",
-			"--resolver", h.dns.addr, "--upstream-ca", h.up.rootsFile}, Stdio{Out: io.Discard, Err: pw})
+		done <- Run(ctx, append([]string{"--config", h.cfgPath, "--listen-proxy", "127.0.0.1:0", "--listen-dns", "127.0.0.1:0",
+			"--resolver", h.dns.addr, "--upstream-ca", h.up.rootsFile}, h.args...), Stdio{Out: io.Discard, Err: pw})
 		pw.Close()
 	}()
 	if m := servingRe.FindStringSubmatch(h.readLog(pr)); m != nil {
@@ -596,4 +597,21 @@ func hasAll(list []string, want ...string) bool {
 func lookCurl(t *testing.T) string {
 	t.Helper()
 	return testenv.LookPath(t, "curl")
+}
+
+// serveEach runs serve on every connection l accepts, each on its own
+// goroutine, until l is closed; the connection is closed after serve.
+func serveEach(l net.Listener, serve func(net.Conn)) {
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				serve(c)
+			}()
+		}
+	}()
 }

@@ -73,7 +73,7 @@ func (g *Gateway) intercept(raw net.Conn, pre []byte, t *target, rec audit.Recor
 	err := tc.HandshakeContext(ctx)
 	cancel()
 	finish := func(decision, rule, reason string) {
-		rec.Decision, rec.Rule, rec.Reason = decision, rule, reason
+		rec.Decision, rec.Rule, rec.Reason = decision, rule, withNote(rec.Reason, reason)
 		rec.BytesOut, rec.BytesIn = cc.out.Load(), cc.in.Load()
 		rec.DurationMS = time.Since(start).Milliseconds()
 		g.logAudit(rec)
@@ -156,6 +156,11 @@ func (g *Gateway) serveInner(w http.ResponseWriter, r *http.Request, t *target, 
 		nt.st, nt.rule = st, dec.Rule
 		t = &nt
 		rec.Rule = t.rule
+	}
+	// A ban applies to the next request of an open intercepted tunnel.
+	if dec, ok := g.banned(t.host); ok {
+		g.refuse(w, r, rec, block(http.StatusForbidden, dec.Rule, "%s", dec.Reason), start)
+		return
 	}
 	if !t.st.limiter.allow(t.host) {
 		g.refuse(w, r, rec, block(http.StatusTooManyRequests, "rate-limit", "rate limit for %s exceeded", t.host), start)

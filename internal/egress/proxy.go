@@ -100,11 +100,12 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		g.refuse(w, r, rec, block(http.StatusBadRequest, "authority", "%v", err), start)
 		return
 	}
-	dec := g.decide(st, host, port, r.Method)
-	if dec.Result != policy.Allow {
-		g.refuse(w, r, rec, block(http.StatusForbidden, dec.Rule, "%s", dec.Reason), start)
+	dec, b := g.admit(r.Context(), st, g.decide(st, host, port, r.Method), host, port, r.Method, r.URL.Path)
+	if b != nil {
+		g.refuse(w, r, rec, b, start)
 		return
 	}
+	rec.Reason = approvedBy(dec)
 	rec.Rule = dec.Rule
 	dst, err := g.resolve(r.Context(), st, host, port)
 	if err != nil {
@@ -158,11 +159,21 @@ func (g *Gateway) handleConnect(w http.ResponseWriter, r *http.Request, st *stat
 			return
 		}
 	}
-	dec := g.decide(st, host, port, http.MethodConnect)
-	if dec.Result != policy.Allow {
-		g.refuse(w, r, rec, block(http.StatusForbidden, dec.Rule, "%s", dec.Reason), start)
+	lit, isLit := benchLiteral(g.opts.UnsafeBenchIPLiterals, host)
+	var dec policy.Decision
+	var b *blockedErr
+	if isLit {
+		if dec = decideLiteralPort(st, port); dec.Result != policy.Allow {
+			b = block(http.StatusForbidden, dec.Rule, "%s", dec.Reason)
+		}
+	} else {
+		dec, b = g.admit(r.Context(), st, g.decide(st, host, port, http.MethodConnect), host, port, http.MethodConnect, "")
+	}
+	if b != nil {
+		g.refuse(w, r, rec, b, start)
 		return
 	}
+	rec.Reason = approvedBy(dec)
 	rec.Rule = dec.Rule
 	if !st.limiter.allow(host) {
 		g.refuse(w, r, rec, block(http.StatusTooManyRequests, "rate-limit", "rate limit for %s exceeded", host), start)
@@ -170,20 +181,37 @@ func (g *Gateway) handleConnect(w http.ResponseWriter, r *http.Request, st *stat
 	}
 	// The connection's slot (taken at accept) is the tunnel's: it is
 	// released when the tunnel ends, on whichever goroutine that is.
-	dst, err := g.resolve(r.Context(), st, host, port)
+	var dst netip.AddrPort
+	if isLit {
+		dst, err = checkLiteral(st, lit, port)
+	} else {
+		dst, err = g.resolve(r.Context(), st, host, port)
+	}
 	if err != nil {
 		g.refuse(w, r, rec, resolveBlock(err), start)
 		return
 	}
+	// A plain tunnel's upstream is dialled now, while the agent reads the
+	// 200 and sends its ClientHello: the connect's round trip leaves the
+	// tunnel's critical path. The address is the vetted one (and the guard
+	// checks it again at connect); no byte goes upstream before the SNI
+	// check passes, and a refused tunnel closes the connection unused.
+	intercepted := !isLit && st.intercepts(host)
+	var early *earlyDial
+	if !intercepted {
+		early = g.dialEarly(st, dst)
+	}
 	rc := http.NewResponseController(w)
 	hc, brw, err := rc.Hijack()
 	if err != nil {
+		early.discard()
 		g.refuse(w, r, rec, block(http.StatusInternalServerError, "hijack", "cannot take over connection: %v", err), start)
 		return
 	}
 	conn, release := rawConn(hc)
 	_ = conn.SetDeadline(time.Time{})
 	if _, err := io.WriteString(conn, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+		early.discard()
 		conn.Close()
 		release()
 		return
@@ -193,14 +221,16 @@ func (g *Gateway) handleConnect(w http.ResponseWriter, r *http.Request, st *stat
 		pre, _ = brw.Reader.Peek(n)
 		pre = append([]byte(nil), pre...)
 	}
-	t := &target{st: st, host: host, port: port, dst: dst, rule: dec.Rule, tls: true}
+	t := &target{st: st, host: host, port: port, dst: dst, rule: dec.Rule, tls: true, literal: isLit}
 	// Run the tunnel on a fresh goroutine and let the HTTP server's
 	// connection goroutine end: it would otherwise pin the request, its
 	// buffers and a grown stack for the tunnel's whole life.
-	if st.intercepts(host) {
+	if intercepted {
 		go func() {
 			defer release()
 			defer conn.Close()
+			_, untrack := g.track(host, conn)
+			defer untrack()
 			g.intercept(conn, pre, t, rec, start)
 		}()
 		return
@@ -209,7 +239,7 @@ func (g *Gateway) handleConnect(w http.ResponseWriter, r *http.Request, st *stat
 	// goroutine, whose stack has grown anyway: the goroutine that then
 	// holds the tunnel for its whole life starts with a small stack (the
 	// ClientHello parse alone grows one past 16 KiB, held per idle tunnel).
-	up, sent, ok := g.openTunnel(conn, pre, t, rec, start)
+	up, sent, ok := g.openTunnel(conn, pre, t, rec, start, early)
 	if !ok {
 		conn.Close()
 		release()
@@ -219,7 +249,9 @@ func (g *Gateway) handleConnect(w http.ResponseWriter, r *http.Request, st *stat
 		defer release()
 		defer conn.Close()
 		defer up.Close()
-		g.relay(conn, up, t, rec, start, sent)
+		lt, untrack := g.track(host, conn)
+		defer untrack()
+		g.relay(conn, up, t, rec, start, sent, lt)
 	}()
 }
 
@@ -231,6 +263,9 @@ type target struct {
 	dst  netip.AddrPort
 	rule string
 	tls  bool // the agent's connection to the host is TLS end to end
+	// literal: an IP-literal CONNECT admitted by UnsafeBenchIPLiterals; the
+	// policy decides on the TLS SNI name (openTunnel).
+	literal bool
 }
 
 // prefixConn replays bytes read ahead before reading from the connection.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nixcage/nixcage/internal/egress/audit"
 	"github.com/nixcage/nixcage/internal/egress/redact"
+	"github.com/nixcage/nixcage/internal/policy"
 )
 
 // A refusal says which rule refused and what the operator can change, so an
@@ -75,6 +76,12 @@ func fixFor(rule string) string {
 		return "set websocket = true in the egress policy to allow WebSocket on intercepted hosts"
 	case "websocket-protocol", "websocket-extension":
 		return "the WebSocket peer broke the protocol or negotiated an extension the gateway cannot inspect; no setting allows this"
+	case policy.RuleApprovalDenied:
+		return "an operator denied this request (cagectl approve ID deny); allow the host in the egress policy or with cagectl allow if it is needed"
+	case policy.RuleApprovalTimeout:
+		return "no operator decided in time: cagectl approvals lists waiting requests, cagectl approve ID once|host|deny decides; or allow the host in the egress policy"
+	case policy.RuleApprovalQueueFull:
+		return "too many requests wait for approval at once; decide them (cagectl approvals), or raise the agent's approval max_pending"
 	case "rate-limit":
 		return "wait, or raise the egress policy's rate_limit"
 	case "max-tunnels", "max-conns":

@@ -95,6 +95,7 @@ func runPrepare(args []string, stdio Stdio) error {
 
 type serveFlags struct {
 	config, listenProxy, listenDNS, resolver, upstreamCA, logLevel string
+	unsafeBenchIPLiterals                                          bool
 }
 
 func runServe(ctx context.Context, args []string, stdio Stdio) error {
@@ -106,7 +107,11 @@ func runServe(ctx context.Context, args []string, stdio Stdio) error {
 	fs.StringVar(&f.resolver, "resolver", "", "upstream DNS server host:port (default: first nameserver in /etc/resolv.conf)")
 	fs.StringVar(&f.upstreamCA, "upstream-ca", "", "PEM file of extra roots trusted for intercepted upstreams")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.BoolVar(&f.unsafeBenchIPLiterals, "unsafe-bench-ip-literals", false, "bench only: admit CONNECT to an IP literal, deciding on its TLS SNI (refused under systemd)")
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := checkBenchSwitch(f.unsafeBenchIPLiterals); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -166,6 +171,8 @@ func runServe(ctx context.Context, args []string, stdio Stdio) error {
 		Audit:          al,
 		CA:             authority,
 		Log:            log,
+
+		UnsafeBenchIPLiterals: f.unsafeBenchIPLiterals,
 	})
 	if err != nil {
 		return err
@@ -175,6 +182,11 @@ func runServe(ctx context.Context, args []string, stdio Stdio) error {
 		gctx, stopGrants := context.WithCancel(ctx)
 		defer stopGrants()
 		go g.watchGrants(gctx, rt.GrantsFile)
+	}
+	if rt.BansFile != "" {
+		bctx, stopBans := context.WithCancel(ctx)
+		defer stopBans()
+		go g.watchBans(bctx, rt.BansFile)
 	}
 	// Learn mode's window was stamped by the prepare step; it is read
 	// once and announced before anything is served.
@@ -186,6 +198,9 @@ func runServe(ctx context.Context, args []string, stdio Stdio) error {
 	} else if rt.Learn != nil {
 		g.logAudit(audit.Record{Event: audit.EventLearn, Decision: audit.Blocked, Rule: policy.RuleLearn,
 			Reason: "learn mode is configured but its window could not be read (see the gateway's log); the policy applies"})
+	}
+	if g.approvals != nil {
+		g.approvals.clearStale()
 	}
 	ls, err := listeners(f)
 	if err != nil {
@@ -222,6 +237,9 @@ func runServe(ctx context.Context, args []string, stdio Stdio) error {
 		dnsServers = append(dnsServers, s)
 		go func() { errc <- s.ActivateAndServe() }()
 	}
+	if f.unsafeBenchIPLiterals {
+		log.Warn("--unsafe-bench-ip-literals: CONNECT to IP literals admitted, decided on the TLS SNI (bench only)")
+	}
 	log.Info("cage-egress serving", "agent", rt.Agent, "proxy", addrs(ls.proxy), "dns", addrs(ls.dnsTCP), "dns_udp", len(ls.dnsUDP), "resolver", resolverAddr)
 	_, _ = daemon.SdNotify(false, daemon.SdNotifyReady)
 
@@ -254,6 +272,20 @@ func runServe(ctx context.Context, args []string, stdio Stdio) error {
 	}
 }
 
+// checkBenchSwitch refuses --unsafe-bench-ip-literals where a cage's
+// gateway runs: under systemd or socket-activated. The rendered units never
+// pass it; this makes a hand-edited ExecStart= fail to start, not weaken
+// the cage.
+func checkBenchSwitch(on bool) error {
+	if !on {
+		return nil
+	}
+	if audit.UnderSystemd() || os.Getenv("LISTEN_FDS") != "" {
+		return errors.New("--unsafe-bench-ip-literals is for bench/egress/run.sh only and is refused under systemd or socket activation; remove it from the command line")
+	}
+	return nil
+}
+
 func reload(g *Gateway, path string) error {
 	rt, err := policy.Load(path)
 	if err != nil {
@@ -264,7 +296,7 @@ func reload(g *Gateway, path string) error {
 
 func (g *Gateway) dnsConfig() dnsfilter.Config {
 	st := g.st.Load()
-	return dnsfilter.Config{Policy: st.pol, Guard: st.guard, Grants: *g.grants.Load(), Learning: g.learn.Load()}
+	return dnsfilter.Config{Policy: st.pol, Guard: st.guard, Grants: *g.grants.Load(), Learning: g.learn.Load(), Bans: g.Bans()}
 }
 
 // loadCA finds the CA key: the LoadCredential= copy first, then CADir. With

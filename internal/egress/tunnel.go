@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"sync/atomic"
 	"time"
@@ -56,8 +57,9 @@ func peekClientHello(conn net.Conn, pre []byte) (sni string, raw []byte, ok bool
 // fronting), dials the vetted address, replays the ClientHello and writes
 // the open record. sent is the ClientHello's length; when ok is false the
 // refusal has been audited and nothing is left open but conn.
-func (g *Gateway) openTunnel(conn net.Conn, pre []byte, t *target, rec audit.Record, start time.Time) (up net.Conn, sent int64, ok bool) {
+func (g *Gateway) openTunnel(conn net.Conn, pre []byte, t *target, rec audit.Record, start time.Time, early *earlyDial) (up net.Conn, sent int64, ok bool) {
 	refuse := func(rule, reason string, out int64) {
+		early.discard()
 		rec.Decision, rec.Rule, rec.Reason = audit.Blocked, rule, reason
 		rec.BytesOut = out
 		rec.DurationMS = time.Since(start).Milliseconds()
@@ -71,11 +73,18 @@ func (g *Gateway) openTunnel(conn net.Conn, pre []byte, t *target, rec audit.Rec
 	case sni == "":
 		refuse("sni-missing", "TLS ClientHello without SNI; the server name must match the CONNECT host", int64(len(hello)))
 		return nil, 0, false
+	case t.literal:
+		rule, reason, ok := g.decideBenchSNI(t, policy.Normalize(sni))
+		if !ok {
+			refuse(rule, reason, int64(len(hello)))
+			return nil, 0, false
+		}
+		t.rule, rec.Rule = rule, rule
 	case policy.Normalize(sni) != t.host:
 		refuse("sni-mismatch", fmt.Sprintf("TLS SNI %q does not match CONNECT host %q (domain fronting)", sni, t.host), int64(len(hello)))
 		return nil, 0, false
 	}
-	up, err := g.dial(context.Background(), t.st, t.dst)
+	up, err := early.wait()
 	if err != nil {
 		refuse("dial", "dial upstream: "+err.Error(), 0)
 		return nil, 0, false
@@ -94,13 +103,16 @@ func (g *Gateway) openTunnel(conn net.Conn, pre []byte, t *target, rec audit.Rec
 // relay is the second stage: it copies both ways until the tunnel ends and
 // writes the close record with bytes and duration. It keeps no buffer of
 // its own (the ClientHello is not referenced past openTunnel).
-func (g *Gateway) relay(conn, up net.Conn, t *target, rec audit.Record, start time.Time, sent int64) {
+func (g *Gateway) relay(conn, up net.Conn, t *target, rec audit.Record, start time.Time, sent int64, lt *liveTunnel) {
 	out, in, err := splice(conn, up, t.st.idle)
 	reason := "tunnel to " + t.host + " closed"
 	if errors.Is(err, errIdle) {
 		reason = "tunnel to " + t.host + " closed after idle timeout"
 	}
-	rec.Event, rec.Decision, rec.Rule, rec.Reason = audit.EventClose, audit.Allowed, t.rule, reason
+	if b := lt.bannedBy(); b != nil {
+		reason = "tunnel to " + t.host + " closed: " + policy.Banned(b, t.host).Reason
+	}
+	rec.Event, rec.Decision, rec.Rule, rec.Reason = audit.EventClose, audit.Allowed, t.rule, withNote(rec.Reason, reason)
 	rec.BytesOut, rec.BytesIn = out+sent, in
 	rec.DurationMS = time.Since(start).Milliseconds()
 	g.logAudit(rec)
@@ -108,10 +120,53 @@ func (g *Gateway) relay(conn, up net.Conn, t *target, rec audit.Record, start ti
 
 var errIdle = errors.New("idle timeout")
 
+// earlyDial is an upstream connect started before the tunnel's SNI check,
+// so that it overlaps the agent's ClientHello; openTunnel takes the
+// connection (wait) or closes it unused (discard).
+type earlyDial struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+	conn   net.Conn
+	err    error
+}
+
+func (g *Gateway) dialEarly(st *state, dst netip.AddrPort) *earlyDial {
+	ctx, cancel := context.WithCancel(context.Background())
+	d := &earlyDial{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		d.conn, d.err = g.dial(ctx, st, dst)
+		close(d.done)
+	}()
+	return d
+}
+
+// wait returns the dialled connection; the caller owns it.
+func (d *earlyDial) wait() (net.Conn, error) {
+	<-d.done
+	d.cancel()
+	c, err := d.conn, d.err
+	d.conn = nil
+	return c, err
+}
+
+// discard stops the dial if it is still running and closes what it got.
+// Safe on nil and after wait.
+func (d *earlyDial) discard() {
+	if d == nil {
+		return
+	}
+	d.cancel()
+	<-d.done
+	if d.conn != nil {
+		d.conn.Close()
+		d.conn = nil
+	}
+}
+
 // logOpen writes the open record of an allowed tunnel (intercepted or
 // not); its close record follows with bytes and duration.
 func (g *Gateway) logOpen(rec audit.Record, t *target, reason string, start time.Time) {
-	rec.Event, rec.Decision, rec.Rule, rec.Reason = audit.EventOpen, audit.Allowed, t.rule, reason
+	rec.Event, rec.Decision, rec.Rule, rec.Reason = audit.EventOpen, audit.Allowed, t.rule, withNote(rec.Reason, reason)
 	rec.DurationMS = time.Since(start).Milliseconds()
 	g.logAudit(rec)
 }

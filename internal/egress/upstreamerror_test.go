@@ -33,23 +33,14 @@ func rawUpstream(t *testing.T, caDir string, answer func(key string) string) int
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				tp := textproto.NewReader(bufio.NewReader(c))
-				if _, err := tp.ReadLine(); err != nil {
-					return
-				}
-				h, _ := tp.ReadMIMEHeader()
-				fmt.Fprint(c, answer(h.Get("X-Api-Key")))
-			}()
+	serveEach(l, func(c net.Conn) {
+		tp := textproto.NewReader(bufio.NewReader(c))
+		if _, err := tp.ReadLine(); err != nil {
+			return
 		}
-	}()
+		h, _ := tp.ReadMIMEHeader()
+		fmt.Fprint(c, answer(h.Get("X-Api-Key")))
+	})
 	return l.Addr().(*net.TCPAddr).Port
 }
 

@@ -78,6 +78,33 @@ var (
 		Message: func(f map[string]string) string {
 			return fmt.Sprintf("throw-away cage %s finished with exit status %s", f["NIXCAGE_AGENT"], f["NIXCAGE_EXIT_STATUS"])
 		}}
+	// ControlCommand is every attempt to execute a signed control command
+	// (docs/fleet.md, "Acknowledgements"): the ack, as a journal entry.
+	ControlCommand = Kind{Name: "control-command", ID: "a04a4006698744969cd7c45ba1fc5927",
+		Fields:   []string{"NIXCAGE_STATUS", "NIXCAGE_ACTION", "NIXCAGE_AGENT", "NIXCAGE_BAN", "NIXCAGE_COMMAND", "NIXCAGE_NONCE", "NIXCAGE_HOST_ID", "NIXCAGE_SOURCE", "NIXCAGE_BY", "NIXCAGE_REASON"},
+		Priority: journal.PriWarning,
+		Message: func(f map[string]string) string {
+			return fmt.Sprintf("control command %s (%s %s) %s: %s", short(f["NIXCAGE_COMMAND"]), f["NIXCAGE_ACTION"], f["NIXCAGE_AGENT"], f["NIXCAGE_STATUS"], f["NIXCAGE_REASON"])
+		}}
+	ShellOpened = Kind{Name: "shell-opened", ID: "8d4c719d470640b58d43a5f01b617396", Signal: bus.SignalShellOpened,
+		Fields: []string{"NIXCAGE_AGENT", "NIXCAGE_BY", "NIXCAGE_COMMAND", "NIXCAGE_UNIT"}, Priority: journal.PriNotice,
+		Message: func(f map[string]string) string {
+			return fmt.Sprintf("shell opened in agent %s by %s: %s (unit %s)", f["NIXCAGE_AGENT"], f["NIXCAGE_BY"], f["NIXCAGE_COMMAND"], f["NIXCAGE_UNIT"])
+		}}
+	ShellClosed = Kind{Name: "shell-closed", ID: "cd64b66cc8f14dcf9e34f0fe2d104c18", Signal: bus.SignalShellClosed,
+		Fields: []string{"NIXCAGE_AGENT", "NIXCAGE_BY", "NIXCAGE_EXIT_STATUS", "NIXCAGE_UNIT"}, Priority: journal.PriNotice,
+		Message: func(f map[string]string) string {
+			return fmt.Sprintf("shell in agent %s by %s ended with exit status %s (unit %s)", f["NIXCAGE_AGENT"], f["NIXCAGE_BY"], f["NIXCAGE_EXIT_STATUS"], f["NIXCAGE_UNIT"])
+		}}
+	RelayAction = Kind{Name: "relay-action", ID: "cd5ded8a21284dddaecf6d5b615730f5", Signal: bus.SignalRelayAction,
+		Fields: []string{"NIXCAGE_AGENT", "NIXCAGE_ACTOR", "NIXCAGE_ACTION", "NIXCAGE_OUTCOME", "NIXCAGE_DETAIL", "NIXCAGE_BY"}, Priority: journal.PriInfo,
+		Message: func(f map[string]string) string {
+			agent := f["NIXCAGE_AGENT"]
+			if agent == "" {
+				agent = "(no agent)"
+			}
+			return fmt.Sprintf("relay %s: %s %s on %s: %s", f["NIXCAGE_OUTCOME"], f["NIXCAGE_ACTOR"], f["NIXCAGE_ACTION"], agent, f["NIXCAGE_DETAIL"])
+		}}
 	LearnStarted = Kind{Name: "learn-started", ID: "28e2b179dd7f4467bcaec015d51ff676",
 		Fields: []string{"NIXCAGE_AGENT", "NIXCAGE_UNTIL"}, Priority: journal.PriWarning,
 		Message: func(f map[string]string) string {
@@ -139,8 +166,15 @@ var (
 )
 
 // Kinds is every kind, in the order docs/fleet.md lists them.
-var Kinds = []Kind{AgentStateChanged, ReleaseApplied, ReleaseRefused, AgentQuarantined, AgentReleased, AgentKilled, EgressFailed, RunStarted, RunFinished, Reconciled, ChannelPollFailed, LearnStarted, LearnEnded, ApprovalPending, ApprovalDecided,
-	TurnStarted, TurnFinished, FileTransferred}
+var Kinds = []Kind{AgentStateChanged, ReleaseApplied, ReleaseRefused, AgentQuarantined, AgentReleased, AgentKilled, EgressFailed, RunStarted, RunFinished, ShellOpened, ShellClosed, RelayAction, Reconciled, ChannelPollFailed, LearnStarted, LearnEnded, ApprovalPending, ApprovalDecided,
+	TurnStarted, TurnFinished, FileTransferred, ControlCommand}
+
+func short(s string) string {
+	if len(s) > 16 {
+		return s[:16]
+	}
+	return s
+}
 
 // Identifier is SYSLOG_IDENTIFIER of every event.
 const Identifier = "caged"

@@ -57,7 +57,7 @@ const (
 // agent. caged sends each only to subscribed callers allowed to view that
 // agent, and the rendered bus policy lets only root and the declared
 // accounts receive them at all.
-var BusAuditSignals = []string{"EgressDecision", "AgentQuarantined", "AgentReleased", "AgentKilled"}
+var BusAuditSignals = []string{"EgressDecision", "AgentQuarantined", "AgentReleased", "AgentKilled", "RelayAction", "ApprovalPending", "ApprovalDecided"}
 
 // Unit names. Templates are instantiated with the agent name.
 const (
@@ -73,6 +73,24 @@ const (
 	// TurnTemplate names the transient unit of one turn of an agent
 	// (docs/relay.md); no unit file of that name is ever installed.
 	TurnTemplate = "nixcage-turn@.service"
+	RelayUnit    = "cage-relay.service"
+)
+
+// The chat relay (cage-relay, docs/relay.md). It runs as a fixed system
+// user, not a name systemd makes up at start: caged identifies callers by
+// uid and name through the passwd database, and a DynamicUser= name is
+// visible only through nss-systemd, which a Go binary built without cgo
+// (os/user reads /etc/passwd) does not consult. With the user declared
+// (sysusers.d or NixOS users.users), DynamicUser=yes still applies its
+// sandbox and uses that user.
+const (
+	RelayUser = "cage-relay"
+	// RelayConfig is the relay's runtime document, under the prefix.
+	RelayConfig = "nixcage/relay.json"
+	// RelaySysusers declares RelayUser, under the prefix.
+	RelaySysusers = "sysusers.d/cage-relay.conf"
+	// RelayTokenCredential is the LoadCredential= name of the bot token.
+	RelayTokenCredential = "telegram-token"
 )
 
 // Instance turns "name@.suffix" into "name@agent.suffix".
@@ -128,6 +146,29 @@ func Runtime(agent string) string { return filepath.Join(RuntimeRoot, "cage", ag
 // GrantsFile holds an agent's time-bound grants: written by caged (root),
 // read by its gateway, in the runtime directory only root can write.
 func GrantsFile(agent string) string { return filepath.Join(Runtime(agent), "grants.json") }
+
+// ApprovalPendingDir is where an agent's gateway writes the requests
+// waiting for an operator: its own RuntimeDirectory (ApprovalRuntimeDirectory),
+// writable by its dynamic user, read by caged.
+func ApprovalPendingDir(agent string) string {
+	return filepath.Join("/run", ApprovalRuntimeDirectory(agent))
+}
+
+// ApprovalRuntimeDirectory is the gateway's RuntimeDirectory= (relative to /run).
+func ApprovalRuntimeDirectory(agent string) string { return "nixcage-egress/" + agent }
+
+// ApprovalDecisionsDir is where caged writes operators' decisions, in the
+// agent's root-owned runtime directory; the gateway reads them.
+func ApprovalDecisionsDir(agent string) string { return filepath.Join(Runtime(agent), "approvals") }
+
+// ControlDir holds caged's control-command state (docs/fleet.md): the
+// replay cache and the acknowledgements (0700, root only).
+const ControlDir = "/var/lib/nixcage/control"
+
+// BansFile holds the host names banned by signed control commands: written
+// by caged (root, 0644), read by every gateway. Host-wide and persistent,
+// so a ban outlives reboots and reaches agents declared after it.
+const BansFile = "/var/lib/nixcage/bans.json"
 
 // LearnFile is an agent's learn window: stamped by its prepare step (root)
 // at each start of the cage, read by its gateway and by caged (status).

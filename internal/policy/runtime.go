@@ -34,8 +34,13 @@ type Runtime struct {
 	// GrantsFile holds the time-bound grants caged writes (grants.go); the
 	// gateway watches it. Empty: no grants.
 	GrantsFile string `json:"grants_file,omitempty"`
+	// BansFile holds the host-wide bans of signed control commands
+	// (bans.go); the gateway watches it. Empty: no bans.
+	BansFile string `json:"bans_file,omitempty"`
 	// Learn turns on learn mode (learn.go); nil: off.
 	Learn *Learn `json:"learn,omitempty"`
+	// Approval turns on the approval queue (approval.go); nil: off.
+	Approval *Approval `json:"approval,omitempty"`
 	// CADir holds ca.crt (0644) and ca.key (0600) for TLS interception.
 	CADir string `json:"ca_dir"`
 }
@@ -135,6 +140,11 @@ type Secret struct {
 	Header string `json:"header"`
 }
 
+// BenchOnlyIPLiterals is the name a document might give the bench-only
+// IP-literal switch; Parse refuses it by name (it is a cage-egress flag
+// that refuses to run under systemd, never part of a policy).
+const BenchOnlyIPLiterals = "unsafe_bench_ip_literals"
+
 // Load reads and checks a runtime document. A gateway refuses to start on a
 // document it cannot fully trust: fail closed.
 func Load(path string) (*Runtime, error) {
@@ -151,6 +161,9 @@ func Parse(data []byte) (*Runtime, error) {
 	dec.DisallowUnknownFields()
 	var r Runtime
 	if err := dec.Decode(&r); err != nil {
+		if strings.Contains(err.Error(), `unknown field "`+BenchOnlyIPLiterals+`"`) {
+			return nil, fmt.Errorf("parse egress config: %s is no setting of a runtime document: IP-literal destinations exist only as cage-egress --unsafe-bench-ip-literals, for bench/egress/run.sh (%w)", BenchOnlyIPLiterals, err)
+		}
 		return nil, fmt.Errorf("parse egress config: %w", err)
 	}
 	if r.Schema != Schema {
@@ -166,6 +179,11 @@ func Parse(data []byte) (*Runtime, error) {
 	}
 	if r.Learn != nil {
 		if err := r.Learn.Check(); err != nil {
+			return nil, fmt.Errorf("egress config: %w", err)
+		}
+	}
+	if r.Approval != nil {
+		if err := r.Approval.Check(); err != nil {
 			return nil, fmt.Errorf("egress config: %w", err)
 		}
 	}

@@ -68,7 +68,7 @@ func ParseKeySet(data []byte) (*KeySet, error) {
 		return nil, fmt.Errorf("key set is %d bytes, more than the %d allowed", len(data), MaxKeySetSize)
 	}
 	var ks KeySet
-	if err := decodeStrict(data, &ks, "key set"); err != nil {
+	if err := DecodeStrict(data, &ks, "key set"); err != nil {
 		return nil, err
 	}
 	if ks.Schema != Schema {

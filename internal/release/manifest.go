@@ -85,7 +85,7 @@ func ParseManifest(data []byte) (*Manifest, error) {
 		return nil, fmt.Errorf("manifest is %d bytes, more than the %d allowed", len(data), MaxManifestSize)
 	}
 	var m Manifest
-	if err := decodeStrict(data, &m, "manifest"); err != nil {
+	if err := DecodeStrict(data, &m, "manifest"); err != nil {
 		return nil, err
 	}
 	if err := m.Validate(); err != nil {
@@ -94,9 +94,9 @@ func ParseManifest(data []byte) (*Manifest, error) {
 	return &m, nil
 }
 
-// decodeStrict decodes one JSON object, refusing unknown fields and
+// DecodeStrict decodes one JSON object, refusing unknown fields and
 // trailing data: every signed document of a release is read this way.
-func decodeStrict(data []byte, v any, what string) error {
+func DecodeStrict(data []byte, v any, what string) error {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {

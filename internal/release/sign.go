@@ -56,7 +56,7 @@ func ParseSignatures(data []byte) (*Signatures, error) {
 		return nil, fmt.Errorf("signature file is %d bytes, more than the %d allowed", len(data), MaxSignaturesSize)
 	}
 	var s Signatures
-	if err := decodeStrict(data, &s, "signatures"); err != nil {
+	if err := DecodeStrict(data, &s, "signatures"); err != nil {
 		return nil, err
 	}
 	if s.Schema != Schema {

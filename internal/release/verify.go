@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nix-community/go-nix/pkg/nar"
@@ -205,10 +206,11 @@ func (r *Release) OpenNAR(ctx context.Context, p PathInfo, ni *narinfo.NarInfo) 
 	if err != nil {
 		return nil, fmt.Errorf("open nar of %s: %w", p.Path, err)
 	}
+	fr := &fetchRecorder{r: f}
 	if ni.Compression == "none" {
-		return &limitedReader{r: f, c: f, left: int64(p.NarSize), name: ni.URL}, nil
+		return &narStream{&limitedReader{r: fr, c: f, left: int64(p.NarSize), name: ni.URL}, fr}, nil
 	}
-	xr, err := openXZ(ctx, f)
+	xr, err := openXZ(ctx, fr)
 	var le *localError
 	if errors.As(err, &le) {
 		f.Close()
@@ -218,7 +220,46 @@ func (r *Release) OpenNAR(ctx context.Context, p PathInfo, ni *narinfo.NarInfo) 
 		f.Close()
 		return nil, refuse("nar of %s: %v", p.Path, err)
 	}
-	return &limitedReader{r: xr, c: multiCloser{xr, f}, left: int64(p.NarSize), name: ni.URL}, nil
+	return &narStream{&limitedReader{r: xr, c: multiCloser{xr, f}, left: int64(p.NarSize), name: ni.URL}, fr}, nil
+}
+
+// narStream is a NAR being read, with what went wrong fetching it.
+type narStream struct {
+	io.ReadCloser
+	fetch *fetchRecorder
+}
+
+// fetchRecorder keeps the first error the source gave while a NAR was
+// read from it. A decoder (xz) turns such an error into "unexpected end of
+// input", which would read as a verdict on the release; Unpack reports the
+// fetch failure instead (a dropped connection is this side's trouble).
+type fetchRecorder struct {
+	r   io.Reader
+	mu  sync.Mutex
+	err error
+}
+
+func (f *fetchRecorder) Read(p []byte) (int, error) {
+	n, err := f.r.Read(p)
+	if err != nil && !errors.Is(err, io.EOF) {
+		f.mu.Lock()
+		if f.err == nil {
+			f.err = err
+		}
+		f.mu.Unlock()
+	}
+	return n, err
+}
+
+// Err is the first fetch error, except a file over its size cap, which is
+// the release's fault (a verdict).
+func (f *fetchRecorder) Err() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if errors.Is(f.err, ErrTooLarge) {
+		return nil
+	}
+	return f.err
 }
 
 type multiCloser []io.Closer
@@ -316,6 +357,12 @@ func (r *Release) Unpack(ctx context.Context, p PathInfo, dst string) (NarStats,
 	if err != nil {
 		if ctx.Err() != nil {
 			return st, ctx.Err()
+		}
+		if ns, ok := rc.(*narStream); ok {
+			if ferr := ns.fetch.Err(); ferr != nil {
+				// Not a verdict: the release was not read whole.
+				return st, fmt.Errorf("fetch nar of %s: %w", p.Path, ferr)
+			}
 		}
 		return st, refuse("nar of %s: %v", p.Path, err)
 	}

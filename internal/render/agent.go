@@ -31,8 +31,14 @@ func Runtime(a *config.Agent) *policy.Runtime {
 	if a.Learn != nil {
 		learn = &policy.Learn{ForSeconds: int64(a.Learn.For / time.Second), File: paths.LearnFile(a.Name), Deny: a.Learn.Deny}
 	}
+	var approval *policy.Approval
+	if a.Approval != nil {
+		approval = &policy.Approval{WaitSeconds: int64(a.Approval.Wait / time.Second), MaxPending: a.Approval.MaxPending,
+			PendingDir: paths.ApprovalPendingDir(a.Name), DecisionsDir: paths.ApprovalDecisionsDir(a.Name)}
+	}
 	return &policy.Runtime{
 		Learn:           learn,
+		Approval:        approval,
 		Schema:          policy.Schema,
 		Agent:           a.Name,
 		Policy:          a.Policy,
@@ -42,6 +48,7 @@ func Runtime(a *config.Agent) *policy.Runtime {
 		AgentEnvFile:    filepath.Join(rt, "agent.env"),
 		ResolvConf:      filepath.Join(rt, "resolv.conf"),
 		GrantsFile:      paths.GrantsFile(a.Name),
+		BansFile:        paths.BansFile,
 		CADir:           paths.EgressState(a.Name),
 	}
 }
@@ -326,6 +333,16 @@ func (r *renderer) serviceBackend(a *config.Agent) section {
 		s.add(r.run.serviceBinds()...)
 	}
 	s.add(serviceView(r.agentUnit(a))...)
+	if !a.Interactive && (r.run == nil || !r.run.TTY) {
+		// PrivateDevices= binds the host's devpts into the private /dev
+		// (systemd 252 has no devpts of the unit's own): the cage saw every
+		// terminal of the host, could open one whose mode let it, and
+		// could take the host's ptys. A cage with no terminal of its own
+		// gets an empty, read-only /dev/pts; /dev/ptmx then finds no devpts
+		// next to it and fails. Interactive ones keep it: their terminal is
+		// on it (docs/threat-model.md).
+		s.add("TemporaryFileSystem", "/dev/pts:ro")
+	}
 	s.add(baseHardening()...)
 	s.add(
 		"PrivateUsers", "yes",

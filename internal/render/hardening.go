@@ -30,6 +30,27 @@ func baseHardening() []string {
 	}
 }
 
+// unprivilegedHardening is what the gateway and the relay, the two
+// nixcage services that talk to the internet as a user of their own, add
+// to baseHardening: no capabilities at all, the system-service syscalls
+// minus what no nixcage process needs, W^X memory, no devices.
+func unprivilegedHardening() []string {
+	return []string{
+		"PrivateUsers", "yes",
+		"RestrictAddressFamilies", "AF_UNIX AF_INET AF_INET6",
+		// Belt and braces under the gateway's own address checks: the kernel
+		// refuses link-local (cloud metadata) and multicast for this unit.
+		"IPAddressDeny", "link-local multicast",
+		"CapabilityBoundingSet", "",
+		"AmbientCapabilities", "",
+		"SystemCallFilter", "@system-service",
+		"SystemCallFilter", denySyscalls + " @resources",
+		"SystemCallErrorNumber", "EPERM",
+		"MemoryDenyWriteExecute", "yes",
+		"DevicePolicy", "closed",
+	}
+}
+
 // Syscall groups no nixcage process or agent has a use for. ptrace (@debug),
 // mount, module loading, raw I/O and reboot are what an escaping agent would
 // want first. io_uring is in @system-service, and its opcodes (socket,

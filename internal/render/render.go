@@ -147,6 +147,9 @@ func (r *renderer) all() error {
 	r.target()
 	r.dbusPolicy()
 	r.tmpfiles()
+	if err := r.relay(); err != nil {
+		return err
+	}
 	if err := r.canonical(); err != nil {
 		return err
 	}

@@ -126,7 +126,7 @@ func TestQuoteArg(t *testing.T) {
 // checks that ExecStart= points at something executable.
 func fakeBinDir(t *testing.T) string {
 	dir := t.TempDir()
-	for _, n := range []string{"caged", "cage-egress", "cagectl"} {
+	for _, n := range []string{"caged", "cage-egress", "cagectl", "cage-relay"} {
 		if err := os.WriteFile(filepath.Join(dir, n), []byte("#!/bin/sh\n"), 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -142,7 +142,7 @@ func renderedUnits(t *testing.T) (dir string, units []string) {
 	}
 	root := renderTo(t, loadExample(t, "reference.hcl"), o)
 	dir = filepath.Join(root, "systemd/system")
-	units = []string{"nixcage-caged.service", "nixcage.target", "var-lib-nixcage-agents-bob.mount", "var-lib-nixcage-agents-carol.mount"}
+	units = []string{"nixcage-caged.service", "nixcage.target", "cage-relay.service", "var-lib-nixcage-agents-bob.mount", "var-lib-nixcage-agents-carol.mount"}
 	for _, a := range []string{"alice", "bob", "carol"} {
 		units = append(units,
 			"nixcage-agent@"+a+".service", "cage-egress@"+a+".service", "cage-egress@"+a+".socket",
@@ -165,7 +165,7 @@ func TestSystemdVerify(t *testing.T) {
 	// only lines naming ours count.
 	var ours []string
 	for _, l := range strings.Split(string(out), "\n") {
-		if strings.Contains(l, "nixcage") || strings.Contains(l, "cage-egress") {
+		if strings.Contains(l, "nixcage") || strings.Contains(l, "cage-egress") || strings.Contains(l, "cage-relay") {
 			ours = append(ours, l)
 		}
 	}
@@ -182,6 +182,7 @@ var ScoreTargets = map[string]float64{
 	"cage-egress@alice.service":   1.5,
 	"nixcage-prep@alice.service":  1.0,
 	"nixcage-caged.service":       2.5,
+	"cage-relay.service":          1.5, // the chat relay: scored like the gateway
 	// nspawn and podman run the container manager as root; the cage's own
 	// isolation (user namespace, dropped capabilities) is not visible to
 	// the scorer. Held to today's value so they cannot regress.
@@ -354,6 +355,33 @@ func TestWorkspaceWalls(t *testing.T) {
 			if !strings.Contains(unit, want) {
 				t.Errorf("%s (%s): unit lacks %q", agent, backend, want)
 			}
+		}
+	}
+}
+
+// The bench-only IP-literal switch of cage-egress (docs/egress.md) is never
+// part of what nixcage installs: no rendered unit, environment file or
+// runtime document of any example names it.
+func TestNoBenchSwitchRendered(t *testing.T) {
+	for _, ex := range []string{"reference.hcl", "quickstart.hcl"} {
+		files, err := Render(loadExample(t, ex), DefaultOptions())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(files) == 0 {
+			t.Fatalf("%s rendered nothing", ex)
+		}
+		egress := false
+		for _, f := range files {
+			egress = egress || bytes.Contains(f.Data, []byte("cage-egress --config"))
+			for _, s := range []string{"unsafe-bench", "unsafe_bench"} {
+				if bytes.Contains(f.Data, []byte(s)) {
+					t.Errorf("%s: rendered %s names %s", ex, f.Path, s)
+				}
+			}
+		}
+		if !egress {
+			t.Errorf("%s: no rendered unit starts cage-egress --config; the check above saw none", ex)
 		}
 	}
 }

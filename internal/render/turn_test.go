@@ -61,7 +61,8 @@ agent "a" {
 				"nixcage-agent@a.service:/sys/fs/cgroup",
 				"Environment=TERM=xterm-256color"} // an interactive agent's terminal
 			allowTurn := []string{"Description=", "Restart=no", "RemainAfterExit=yes", "RuntimeMaxSec=150", "ExecStart=", "ExecStopPost=",
-				"nixcage-turn@a.service:/sys/fs/cgroup"}
+				"nixcage-turn@a.service:/sys/fs/cgroup",
+				"TemporaryFileSystem=/dev/pts:ro"} // no terminal of its own, unlike an interactive agent
 			check := func(lines, allow []string, side string) {
 				for _, l := range lines {
 					if !slices.ContainsFunc(allow, func(a string) bool { return strings.Contains(l, a) }) {

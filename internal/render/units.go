@@ -278,24 +278,17 @@ func (r *renderer) templates() {
 		"LoadCredential", paths.CAKeyFile+":"+filepath.Join(paths.EgressState("%i"), paths.CAKeyFile),
 		"LogsDirectory", paths.AuditLogsDirectory("%i"),
 		"LogsDirectoryMode", "0750",
+		// Requests waiting for an operator (approval queue): the gateway's
+		// own, read by caged (root), gone when the gateway stops.
+		"RuntimeDirectory", paths.ApprovalRuntimeDirectory("%i"),
+		"RuntimeDirectoryMode", "0700",
 		"Restart", "on-failure",
 		"RestartSec", "1",
 	)
 	svc.add(baseHardening()...)
+	// The gateway is the one component that reaches the internet for a cage.
+	svc.add(unprivilegedHardening()...)
 	svc.add(
-		"PrivateUsers", "yes",
-		// The gateway is the one component that reaches the internet.
-		"RestrictAddressFamilies", "AF_UNIX AF_INET AF_INET6",
-		// Belt and braces under the gateway's own address checks: the kernel
-		// refuses link-local (cloud metadata) and multicast for this unit.
-		"IPAddressDeny", "link-local multicast",
-		"CapabilityBoundingSet", "",
-		"AmbientCapabilities", "",
-		"SystemCallFilter", "@system-service",
-		"SystemCallFilter", denySyscalls+" @resources",
-		"SystemCallErrorNumber", "EPERM",
-		"MemoryDenyWriteExecute", "yes",
-		"DevicePolicy", "closed",
 		"LimitNOFILE", "65536",
 		// The cage must not be able to take the host's memory through its
 		// gateway: the gateway bounds what it holds (max_tunnels slots,

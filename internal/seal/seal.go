@@ -31,7 +31,9 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"runtime"
+	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -147,16 +149,40 @@ func Install() error {
 	return nil
 }
 
-// Run is cage-seal: `cage-seal -- COMMAND [ARG...]` installs the filter and
-// replaces itself with COMMAND (looked up in PATH when not absolute), with
-// the environment unchanged. It returns only on failure; the agent never
-// runs unsealed.
+// Run is cage-seal: `cage-seal [--no-caps] [--chdir DIR] -- COMMAND [ARG...]`
+// installs the filter and replaces itself with COMMAND (looked up in PATH
+// when not absolute), with the environment unchanged. It returns only on
+// failure; the agent never runs unsealed.
+//
+// --no-caps also empties every capability set, the bounding set included,
+// before sealing: caged's shells in nspawn cages (cagectl shell) join the
+// cage's user namespace, which hands a joiner every capability in it; the
+// agent itself got none from its container manager, and so must the shell.
+// --chdir changes directory first (the shell's starts in the workspace).
 func Run(args []string) error {
+	noCaps, dir := false, ""
+	for len(args) > 0 && args[0] != "--" {
+		switch {
+		case args[0] == "--no-caps":
+			noCaps = true
+			args = args[1:]
+		case args[0] == "--chdir" && len(args) > 1:
+			dir = args[1]
+			args = args[2:]
+		default:
+			return fmt.Errorf("usage: cage-seal [--no-caps] [--chdir DIR] -- COMMAND [ARG...] (unknown %q)", args[0])
+		}
+	}
 	if len(args) > 0 && args[0] == "--" {
 		args = args[1:]
 	}
 	if len(args) == 0 {
-		return errors.New("usage: cage-seal -- COMMAND [ARG...]")
+		return errors.New("usage: cage-seal [--no-caps] [--chdir DIR] -- COMMAND [ARG...]")
+	}
+	if dir != "" {
+		if err := os.Chdir(dir); err != nil {
+			return fmt.Errorf("seal: %w", err)
+		}
 	}
 	path, err := exec.LookPath(args[0])
 	if err != nil {
@@ -164,13 +190,77 @@ func Run(args []string) error {
 	}
 	// The filter goes on all threads (TSYNC), but execve replaces the
 	// calling one: keep this goroutine on the thread that was filtered last
-	// so no runtime thread races the exec.
+	// so no runtime thread races the exec. Capabilities are per thread
+	// too: they are dropped on this one, the one that execs.
 	runtime.LockOSThread()
+	if noCaps {
+		foregroundTTY()
+	}
+	if noCaps {
+		if err := DropCapabilities(); err != nil {
+			return err
+		}
+	}
 	if err := Install(); err != nil {
 		return err
 	}
 	if err := unix.Exec(path, args, os.Environ()); err != nil {
 		return fmt.Errorf("seal: exec %s: %w", path, err)
+	}
+	return nil
+}
+
+// foregroundTTY makes this process's own group the foreground group of
+// the terminal on stdin when the current one lies outside this PID
+// namespace (the kernel then reports it as 0): nsenter, which joined the
+// cage's PID namespace for its child, is the session leader systemd gave
+// the terminal to. An interactive shell would otherwise fail to give the
+// terminal back to that invisible group when it exits ("Cannot set tty
+// process group"). Best effort: without a terminal nothing changes.
+func foregroundTTY() {
+	pgrp, err := unix.IoctlGetInt(0, unix.TIOCGPGRP)
+	if err != nil || pgrp != 0 {
+		return
+	}
+	if unix.Setpgid(0, 0) != nil {
+		return
+	}
+	// tcsetpgrp from a background group raises SIGTTOU; the handler Go
+	// installs again after Reset is replaced by the default at exec.
+	signal.Ignore(syscall.SIGTTOU)
+	unix.IoctlSetPointerInt(0, unix.TIOCSPGRP, unix.Getpid())
+	signal.Reset(syscall.SIGTTOU)
+}
+
+// DropCapabilities empties the calling thread's bounding, ambient,
+// inheritable, permitted and effective capability sets, and checks that
+// they are empty: what it execs gets no capability, even as uid 0.
+func DropCapabilities() error {
+	for c := 0; c <= unix.CAP_LAST_CAP; c++ {
+		in, err := unix.PrctlRetInt(unix.PR_CAPBSET_READ, uintptr(c), 0, 0, 0)
+		if err != nil {
+			break // beyond what this kernel knows
+		}
+		if in == 1 {
+			if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil {
+				return fmt.Errorf("seal: drop capability %d from the bounding set: %w", c, err)
+			}
+		}
+	}
+	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil {
+		return fmt.Errorf("seal: clear ambient capabilities: %w", err)
+	}
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var none [2]unix.CapUserData
+	if err := unix.Capset(&hdr, &none[0]); err != nil {
+		return fmt.Errorf("seal: drop capabilities: %w", err)
+	}
+	var got [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &got[0]); err != nil {
+		return fmt.Errorf("seal: read capabilities: %w", err)
+	}
+	if got != none {
+		return fmt.Errorf("seal: capabilities left after dropping them: %+v", got)
 	}
 	return nil
 }

@@ -100,7 +100,11 @@ func child(attr *unix.SysProcAttr) unix.Errno {
 // TestMain lets a test re-run this binary as a probe, sealed or not, so the
 // filter never lands on the test process itself.
 func TestMain(m *testing.M) {
-	if mode := os.Getenv("SEAL_TEST_PROBE"); mode != "" {
+	if mode := os.Getenv("SEAL_TEST_PROBE"); mode == "run" {
+		err := Run(strings.Fields(os.Getenv("SEAL_TEST_ARGS")))
+		os.Stderr.WriteString(err.Error() + "\n")
+		os.Exit(127)
+	} else if mode != "" {
 		if mode == "sealed" {
 			if err := Install(); err != nil {
 				os.Stderr.WriteString(err.Error() + "\n")
@@ -194,5 +198,31 @@ func TestProgramShape(t *testing.T) {
 	}
 	if last := p[len(p)-1]; last.Code != unix.BPF_RET|unix.BPF_K {
 		t.Errorf("program does not end in a return")
+	}
+}
+
+// cage-seal --no-caps, as root with every capability (as a shell that
+// joined an nspawn cage's user namespace is): what it execs has none in
+// any set, runs in --chdir, and is sealed.
+func TestRunNoCaps(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the bounding set can be emptied only with CAP_SETPCAP")
+	}
+	dir := t.TempDir()
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), "SEAL_TEST_PROBE=run", "SEAL_TEST_ARGS=--no-caps --chdir "+dir+" -- /bin/sh -c pwd;grep${IFS}-E${IFS}'^(Cap|NoNewPrivs|Seccomp:)'${IFS}/proc/self/status")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("cage-seal --no-caps: %v\n%s", err, out)
+	}
+	for _, want := range []string{dir + "\n", "CapInh:\t0000000000000000", "CapPrm:\t0000000000000000", "CapEff:\t0000000000000000", "CapBnd:\t0000000000000000", "CapAmb:\t0000000000000000", "NoNewPrivs:\t1", "Seccomp:\t2"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	cmd = exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), "SEAL_TEST_PROBE=run", "SEAL_TEST_ARGS=--bogus -- /bin/true")
+	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "unknown \"--bogus\"") {
+		t.Errorf("an unknown flag: %v, %s", err, out)
 	}
 }

@@ -182,6 +182,14 @@ func (in *Internet) Requests() ([]upstream.Record, error) {
 	return rs, sc.Err()
 }
 
+// Certificates makes a fresh test CA and a leaf for names and every
+// address of the zone (127.0.0.1 among them: a server on the machine's
+// loopback, such as the channel test's nginx, can use it), for servers
+// other than the fake internet's; the CA is not installed anywhere.
+func Certificates(names []string) (caPEM, certPEM, keyPEM []byte, err error) {
+	return testCertificates(names)
+}
+
 // testCertificates makes a CA and one leaf for all names (and the zone's
 // TEST-NET addresses), valid for a day.
 func testCertificates(names []string) (caPEM, certPEM, keyPEM []byte, err error) {

@@ -36,7 +36,9 @@ const Suite = "bookworm"
 // systemd-container runs the nspawn backend; podman+runc+uidmap run the podman
 // backend (containernetworking-plugins satisfies podman's virtual
 // container-network-stack dependency, which debootstrap cannot resolve);
-// procps and netbase make the machine usable by hand (`--keep`).
+// procps and netbase make the machine usable by hand (`--keep`); nginx
+// serves a release channel to caged (checks/system TestChannelOnSystemd;
+// masked below, the test starts it with its own configuration).
 var Packages = []string{
 	"ca-certificates",
 	"containernetworking-plugins",
@@ -45,6 +47,7 @@ var Packages = []string{
 	"iproute2",
 	"libnss-systemd",
 	"netbase",
+	"nginx",
 	"podman",
 	"procps",
 	"runc",
@@ -287,7 +290,7 @@ echo nixcage-systest > /etc/hostname
 for u in podman-auto-update.timer podman-auto-update.service podman-restart.service \
          podman.socket podman.service console-getty.service getty@.service \
          e2scrub_all.timer e2scrub_reap.service apt-daily.timer apt-daily-upgrade.timer \
-         fstrim.timer systemd-tmpfiles-clean.timer; do
+         fstrim.timer systemd-tmpfiles-clean.timer nginx.service; do
   ln -sf /dev/null /etc/systemd/system/$u
 done
 rm -f /etc/resolv.conf

@@ -32,7 +32,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: loadgen upstream|dns|latency|throughput|rps|hold [flags]")
+		fmt.Fprintln(os.Stderr, "usage: loadgen upstream|dns|relay|latency|throughput|rps|hold [flags]")
 		os.Exit(2)
 	}
 	var err error
@@ -41,6 +41,8 @@ func main() {
 		err = upstream(os.Args[2:])
 	case "dns":
 		err = resolver(os.Args[2:])
+	case "relay":
+		err = relay(os.Args[2:])
 	case "latency", "throughput", "rps", "hold":
 		err = client(os.Args[1], os.Args[2:])
 	default:
@@ -138,6 +140,49 @@ func resolver(args []string) error {
 	go (&dns.Server{PacketConn: pc, Handler: h}).ActivateAndServe()
 	go (&dns.Server{Listener: l, Handler: h}).ActivateAndServe()
 	fmt.Println(pc.LocalAddr().String())
+	waitSignal()
+	return nil
+}
+
+// relay forwards every connection to -to, both ways, with io.Copy between
+// *net.TCPConn (splice(2)) and nothing else: no request to parse, no
+// policy, no log. It is the floor of any proxy on this machine, one extra
+// hop, for the bench's "tcp relay" row.
+func relay(args []string) error {
+	fs := flag.NewFlagSet("relay", flag.ExitOnError)
+	addr := fs.String("addr", "127.0.0.1:0", "listen address")
+	to := fs.String("to", "", "address every connection is forwarded to")
+	fs.Parse(args)
+	l, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return err
+	}
+	fmt.Println(l.Addr().String())
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				u, err := net.Dial("tcp", *to)
+				if err != nil {
+					return
+				}
+				defer u.Close()
+				done := make(chan struct{})
+				go func() {
+					io.Copy(u, c)
+					u.(*net.TCPConn).CloseWrite()
+					close(done)
+				}()
+				io.Copy(c, u)
+				c.(*net.TCPConn).CloseWrite()
+				<-done
+			}()
+		}
+	}()
 	waitSignal()
 	return nil
 }

@@ -72,6 +72,28 @@ type Options struct {
 	Include []string
 }
 
+// Config is the dbus-daemon configuration of a bus listening on socket
+// with o's policy (also for a broker a test starts elsewhere, such as in a
+// booted machine).
+func Config(socket string, o Options) string {
+	pol := systemLike
+	if o.Permissive {
+		pol = permissive
+	}
+	var inc strings.Builder
+	for _, f := range o.Include {
+		fmt.Fprintf(&inc, "  <include>%s</include>\n", f)
+	}
+	return fmt.Sprintf(`<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <type>custom</type>
+  <listen>unix:path=%s</listen>
+  <auth>EXTERNAL</auth>
+%s%s</busconfig>
+`, socket, pol, inc.String())
+}
+
 // Start runs dbus-daemon until the test ends.
 func Start(t testing.TB, o Options) *Bus {
 	t.Helper()
@@ -85,24 +107,8 @@ func Start(t testing.TB, o Options) *Bus {
 	if err := os.Chmod(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	pol := systemLike
-	if o.Permissive {
-		pol = permissive
-	}
-	var inc strings.Builder
-	for _, f := range o.Include {
-		fmt.Fprintf(&inc, "  <include>%s</include>\n", f)
-	}
-	conf := fmt.Sprintf(`<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
- "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-<busconfig>
-  <type>custom</type>
-  <listen>unix:path=%s</listen>
-  <auth>EXTERNAL</auth>
-%s%s</busconfig>
-`, filepath.Join(dir, "bus"), pol, inc.String())
 	cf := filepath.Join(dir, "bus.conf")
-	if err := os.WriteFile(cf, []byte(conf), 0o644); err != nil {
+	if err := os.WriteFile(cf, []byte(Config(filepath.Join(dir, "bus"), o)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(bin, "--config-file="+cf, "--print-address", "--nofork", "--nopidfile")

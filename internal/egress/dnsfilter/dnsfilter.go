@@ -39,6 +39,9 @@ type Config struct {
 	Guard  *netguard.Guard
 	// Grants are the time-bound grants in force (policy.Grant).
 	Grants []policy.Grant
+	// Bans are the control commands' bans for this agent: a banned name
+	// is refused whatever the policy and the grants say.
+	Bans []policy.Ban
 	// Learning is learn mode, nil when off.
 	Learning *policy.Learning
 }
@@ -174,6 +177,10 @@ func (f *Filter) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 		return
 	}
 	ok, reason, rule := DecideLearning(cfg.Policy, cfg.Learning, cfg.Grants, time.Now(), q)
+	if b := policy.BanFor(cfg.Bans, policy.Normalize(q.Name)); b != nil {
+		d := policy.Banned(b, policy.Normalize(q.Name))
+		ok, reason, rule = false, d.Reason, d.Rule
+	}
 	if !ok {
 		refuse(reason, rule)
 		return

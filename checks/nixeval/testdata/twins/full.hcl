@@ -97,6 +97,12 @@ agent "beta" {
   }
 }
 
+account "chat" {
+  user   = "cage-relay"
+  role   = "operator"
+  agents = ["beta"]
+}
+
 account "root-admin" {
   user = "root"
   role = "admin"
@@ -128,6 +134,25 @@ evidence {
 
 metrics {
   listen = "127.0.0.1:9478"
+}
+
+control {
+  host_id   = "web-01"
+  keys      = ["/etc/nixcage/control/ops.pub", "/etc/nixcage/control/sec.pub"]
+  threshold = 2
+  ack_url   = "https://acks.example.com/fleet/"
+}
+
+relay {
+  token_file     = "/etc/nixcage/secrets/telegram"
+  owners         = [11, 22]
+  account        = "chat"
+  api_url        = "http://127.0.0.1:8081"
+  max_file_bytes = 1048576
+  chat "beta" {
+    chat_id = -1009
+    topic   = 4
+  }
 }
 
 channel {

@@ -87,6 +87,22 @@
     };
 
     metrics.listen = "127.0.0.1:9478";
+    control = {
+      hostId = "web-01";
+      keys = [ "/etc/nixcage/control/ops.pub" "/etc/nixcage/control/sec.pub" ];
+      threshold = 2;
+      ackUrl = "https://acks.example.com/fleet/";
+    };
+
+    accounts.chat = { user = "cage-relay"; role = "operator"; agents = [ "beta" ]; };
+    relay = {
+      tokenFile = "/etc/nixcage/secrets/telegram";
+      owners = [ 11 22 ];
+      account = "chat";
+      apiUrl = "http://127.0.0.1:8081";
+      maxFileBytes = 1048576;
+      chats.beta = { chatId = -1009; topic = 4; };
+    };
 
     channel = {
       url = "https://releases.example.org/nixcage/edge/";

@@ -1,0 +1,21 @@
+# want: 19:5 Unsupported argument
+agent "alice" {
+  command = ["/bin/true"]
+}
+agent "bob" {
+  command = ["/bin/true"]
+}
+account "relay" {
+  user   = "cage-relay"
+  role   = "operator"
+  agents = ["alice"]
+}
+relay {
+  token_file = "/etc/nixcage/secrets/telegram"
+  owners     = [42]
+  account    = "relay"
+  chat "alice" {
+    chat_id = -100123
+    thread  = 3
+  }
+}
