@@ -143,6 +143,11 @@ func EgressState(agent string) string { return filepath.Join(EgressStateRoot, ag
 // files in RuntimeRoot.
 func Runtime(agent string) string { return filepath.Join(RuntimeRoot, "cage", agent) }
 
+// BindCheckRoot is the root directory the service cage's store bind check
+// runs in: an empty directory systemd makes for each start (the unit's
+// RuntimeDirectory=) and removes after it.
+func BindCheckRoot(agent string) string { return filepath.Join(RuntimeRoot, "binds", agent) }
+
 // GrantsFile holds an agent's time-bound grants: written by caged (root),
 // read by its gateway, in the runtime directory only root can write.
 func GrantsFile(agent string) string { return filepath.Join(Runtime(agent), "grants.json") }

@@ -95,3 +95,28 @@ func wrapErr(err error, out []byte) error {
 	}
 	return fmt.Errorf("%w: %s", err, out)
 }
+
+// The service backend's bind check runs in a root of its own: an empty
+// per-start directory with the programs and the store root at their host
+// paths (so its refusals name the host path) and nothing else of the host.
+func TestBindCheckRoot(t *testing.T) {
+	root := []string{"RuntimeDirectory", "nixcage/binds/%i", "RootDirectory", "/run/nixcage/binds/%i", "BindReadOnlyPaths", "/usr"}
+	for _, c := range []struct {
+		bindir, store string
+		want          []string
+	}{
+		{"/usr/local/bin", "/var/lib/nixcage/store", []string{"BindReadOnlyPaths", "-/var/lib/nixcage/store"}},
+		{"/nix/store/0000000000000000000000000000000a-nixcage/bin", "/srv/nixcage/store", []string{
+			"BindReadOnlyPaths", "/nix/store", "BindReadOnlyPaths", "-/srv/nixcage/store"}},
+		{"/opt/nixcage/bin", "/opt/nixcage/store", []string{
+			"BindReadOnlyPaths", "/opt/nixcage/bin", "BindReadOnlyPaths", "-/opt/nixcage/store"}},
+	} {
+		o := DefaultOptions()
+		o.BinDir = c.bindir
+		r := &renderer{cfg: &config.Config{Store: &config.Store{Root: c.store}}, o: o}
+		want := append(append([]string{}, root...), c.want...)
+		if got := r.bindCheckRoot(); strings.Join(got, "\n") != strings.Join(want, "\n") {
+			t.Errorf("bindir %s, store %s:\n got %q\nwant %q", c.bindir, c.store, got, want)
+		}
+	}
+}

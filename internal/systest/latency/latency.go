@@ -16,6 +16,11 @@
 // exited, inactive again), placed on the same clock, as median offsets from
 // the start; and once per backend a cold start (namespace, prepare step,
 // sockets from nothing) with the same stamps.
+//
+// Two more rows explain stages in the same run: the service cages' store
+// bind check against the same unit with the host's tree as its root (what
+// its own root saves), and the nspawn cage with nspawn's own seccomp filter
+// switched off (what that filter costs; a measurement, never a setting).
 package latency
 
 import (
@@ -91,10 +96,23 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 	if err := m.WriteFile("/etc/systemd/system/bench-base.service", []byte(baseUnit), 0o644); err != nil {
 		return err
 	}
+	// The service cage's store bind check, against the same unit with the
+	// host's whole tree as its root (the unit as it was before it got a
+	// root of its own): what that root buys, in the same run.
+	if err := writeHostRootCheck(m); err != nil {
+		return err
+	}
+	// What nspawn's own seccomp filter costs per start: the nspawn agent's
+	// unit as rendered, run with nspawn's filter switched off. A
+	// measurement only, never a configuration: that filter also confines
+	// nspawn's stub init, which the cage could otherwise reach.
+	if err := writeNoFilterNspawn(m); err != nil {
+		return err
+	}
 	// systemd unloads an inactive unit nothing refers to, and with it its
 	// stamps: an active target ordered after every unit measured keeps
 	// them loaded (After= pulls nothing in).
-	hold := []string{"bench-base.service"}
+	hold := []string{"bench-base.service", hostRootCheck, noFilterNspawn}
 	for _, b := range backends {
 		hold = append(hold, coldChain(b.backend, b.agent)...)
 	}
@@ -116,6 +134,11 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 		r.cold, r.err = coldStart(ctx, m, b.backend, b.agent)
 		rows = append(rows, r)
 	}
+	check := paths.Instance(paths.BindsTemplate, "svc")
+	rows = append(rows,
+		&row{name: "bind check, own root", unit: check, chain: []string{check}},
+		&row{name: "bind check, host root", unit: hostRootCheck, chain: []string{hostRootCheck}},
+		&row{name: "nspawn, no own filter", unit: noFilterNspawn, chain: []string{noFilterNspawn}})
 	// Warm starts, interleaved round by round so that the load on this
 	// shared machine falls on every backend and the baseline alike.
 	for i := 0; i < *n; i++ {
@@ -229,6 +252,46 @@ var stampName = map[string]string{
 	"ActiveEnterTimestampMonotonic":   "active",
 	"ExecMainExitTimestampMonotonic":  "exited",
 	"InactiveEnterTimestampMonotonic": "inactive",
+}
+
+// hostRootCheck is the service cages' store bind check as rendered, minus
+// the lines that give it a root of its own (RuntimeDirectory=,
+// RootDirectory= and its binds): the check with the host's tree as its root.
+const hostRootCheck = "bench-binds-hostroot@svc.service"
+
+func writeHostRootCheck(m *systest.Machine) error {
+	b, err := m.ReadFile("/etc/systemd/system/" + paths.BindsTemplate)
+	if err != nil {
+		return err
+	}
+	var keep []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if !strings.HasPrefix(l, "RuntimeDirectory=") && !strings.HasPrefix(l, "RootDirectory=") && !strings.HasPrefix(l, "BindReadOnlyPaths=") {
+			keep = append(keep, l)
+		}
+	}
+	if len(keep) != len(strings.Split(string(b), "\n"))-4 {
+		return fmt.Errorf("%s: expected 4 lines of its own root, found %d", paths.BindsTemplate, len(strings.Split(string(b), "\n"))-len(keep))
+	}
+	return m.WriteFile("/etc/systemd/system/bench-binds-hostroot@.service", []byte(strings.Join(keep, "\n")), 0o644)
+}
+
+// noFilterNspawn is the nspawn agent's unit with SYSTEMD_SECCOMP=0 for
+// nspawn (systemd's switch for its seccomp use): nspawn then installs no
+// filter of its own, while the unit's filters and cage-seal's stay.
+const noFilterNspawn = "bench-nspawn-nofilter.service"
+
+func writeNoFilterNspawn(m *systest.Machine) error {
+	b, err := m.ReadFile("/etc/systemd/system/" + systest.AgentUnit("nsp"))
+	if err != nil {
+		return err
+	}
+	u := string(b) // every line as rendered
+	if !strings.Contains(u, "\n[Service]\n") {
+		return fmt.Errorf("%s has no [Service] section", systest.AgentUnit("nsp"))
+	}
+	u = strings.Replace(u, "\n[Service]\n", "\n[Service]\nEnvironment=SYSTEMD_SECCOMP=0\n", 1)
+	return m.WriteFile("/etc/systemd/system/"+noFilterNspawn, []byte(u), 0o644)
 }
 
 // baseUnit runs the same command with no cage; Type=exec as the agents.
