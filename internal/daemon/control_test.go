@@ -376,19 +376,9 @@ func (cs *channelServer) waitPolls(t *testing.T, n int) {
 	}
 }
 
-// TestControlFeedFromChannel: caged polling a channel on a real HTTP
-// server runs the feed's commands through the same checks: the genuine
-// quarantine runs once (and is not acked again on later polls nor after a
-// caged restart: it is in the replay cache), a forged one is refused and
-// acked once per caged run, and a command for another host is skipped
-// without an ack.
-func TestControlFeedFromChannel(t *testing.T) {
-	s := newSigner(t, "ops", "sec", "stranger", "release")
-	cs := newChannelServer(t, map[string][]byte{
-		"q-alpha.json":    s.command(control.ActionQuarantine, "alpha", nil, "ops", "sec"),
-		"forged.json":     s.command(control.ActionKill, "beta", nil, "stranger", "ops"),
-		"other-host.json": s.command(control.ActionKill, "alpha", func(c *control.Command) { c.Host = "db-02" }, "ops", "sec"),
-	})
+// pollingCaged starts caged with the control keys ops and sec (threshold
+// 2) polling cs every second.
+func pollingCaged(t *testing.T, s *signer, cs *channelServer) *daemontest.Caged {
 	c := daemontest.Start(t, twoAgents)
 	s.writePub(c.Path("/etc/nixcage/control/ops.pub"), "ops")
 	s.writePub(c.Path("/etc/nixcage/control/sec.pub"), "sec")
@@ -404,6 +394,23 @@ channel {
 }
 `, cs.URL+"/"))
 	c.Restart()
+	return c
+}
+
+// TestControlFeedFromChannel: caged polling a channel on a real HTTP
+// server runs the feed's commands through the same checks: the genuine
+// quarantine runs once (and is not acked again on later polls nor after a
+// caged restart: it is in the replay cache), a forged one is refused and
+// acked once per caged run, and a command for another host is skipped
+// without an ack.
+func TestControlFeedFromChannel(t *testing.T) {
+	s := newSigner(t, "ops", "sec", "stranger", "release")
+	cs := newChannelServer(t, map[string][]byte{
+		"q-alpha.json":    s.command(control.ActionQuarantine, "alpha", nil, "ops", "sec"),
+		"forged.json":     s.command(control.ActionKill, "beta", nil, "stranger", "ops"),
+		"other-host.json": s.command(control.ActionKill, "alpha", func(c *control.Command) { c.Host = "db-02" }, "ops", "sec"),
+	})
+	c := pollingCaged(t, s, cs)
 	cl := c.Client()
 	ctx := context.Background()
 	cs.waitPolls(t, 3)
@@ -561,21 +568,7 @@ func TestControlFeedTimeOutOfRange(t *testing.T) {
 		`"issued":"9999-12-31T23:00:00-23:59","expires":"9999-12-31T23:59:59-23:59",` +
 		`"nonce":"00000000000000000000000000000000","reason":"x"},"signatures":[]}`)
 	cs := newChannelServer(t, map[string][]byte{"bomb.json": bomb})
-	c := daemontest.Start(t, twoAgents)
-	s.writePub(c.Path("/etc/nixcage/control/ops.pub"), "ops")
-	s.writePub(c.Path("/etc/nixcage/control/sec.pub"), "sec")
-	s.writePub(c.Path("/etc/nixcage/release.pub"), "release")
-	c.WriteConfig(controlConfig("") + fmt.Sprintf(`
-store {
-  channel = "stable"
-  keys    = ["/etc/nixcage/release.pub"]
-}
-channel {
-  url      = %q
-  interval = "1s"
-}
-`, cs.URL+"/"))
-	c.Restart()
+	c := pollingCaged(t, s, cs)
 	cs.waitPolls(t, 3)
 	cl := c.Client()
 	ctx := context.Background()
