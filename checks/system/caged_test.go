@@ -239,14 +239,18 @@ func TestCagedOnSystemd(t *testing.T) {
 	sh("setpriv --reuid=65534 --regid=65534 --clear-groups cagectl events >/run/viewer.events 2>&1 & echo $! >/run/viewer.pid")
 	defer m.Shell(context.Background(), "kill $(cat /run/stranger.pid) $(cat /run/viewer.pid)")
 	// dbus-monitor prints its own NameAcquired once its match rules are in.
+	// A deadline, not a count of tries: under CI load (load average 30 on
+	// two cores) one m.Shell round trip alone can take seconds, and the
+	// agent's attack below makes 2100 directories.
 	waitFor := func(what, script string) {
 		t.Helper()
-		for i := 0; ; i++ {
+		deadline := time.Now().Add(2 * time.Minute)
+		for {
 			if _, err := m.Shell(ctx, script); err == nil {
 				return
 			}
-			if i > 200 {
-				t.Fatalf("%s: never true: %s", what, script)
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: never true within 2m: %s", what, script)
 			}
 			time.Sleep(100 * time.Millisecond)
 		}

@@ -161,14 +161,16 @@ systemd-run --unit=host-b-caged --property=Type=exec /usr/local/bin/caged --conf
 	// Publishing, as docs/fleet.md's CI block does it, into nginx's root.
 	root, _ := systest.ModuleRoot()
 	block := docBlock(t, "docs/fleet.md", "publish-channel")
-	publish := func(commit string) {
+	var publishTo func(commit, dir string)
+	publish := func(commit string) { publishTo(commit, "/srv/www/nixcage/stable") }
+	publishTo = func(commit, dir string) {
 		t.Helper()
 		cmd := exec.CommandContext(ctx, "bash", "-euc", block)
 		cmd.Dir = root
 		cmd.Env = append(os.Environ(),
 			"PATH="+filepath.Dir(cagectl)+":"+os.Getenv("PATH"),
 			"RELEASE_KEY="+keys+".key", "RELEASE_PUB="+keys+".pub",
-			"CHANNEL_DIR="+m.Path("/srv/www/nixcage/stable"), "CI_COMMIT="+commit,
+			"CHANNEL_DIR="+m.Path(dir), "CI_COMMIT="+commit,
 			// The example's builder is /bin/sh (see examples/ci/tools.nix);
 			// test-scoped Nix config as everywhere (docs/testing.md).
 			"NIX_CONFIG="+releasetest.NixConfig+"\nsandbox = false\nsubstituters =")
@@ -198,8 +200,13 @@ systemd-run --unit=host-b-caged --property=Type=exec /usr/local/bin/caged --conf
 
 	// A tampered release: generation 3 published, then its manifest edited
 	// on the server (the web server compromised, the signing key not).
-	publish("c0ffee3")
-	sh(`sed -i 's/"generation": 3/"generation": 33/' /srv/www/nixcage/stable/releases/3/release.json`)
+	// Tampered in a staging copy and only then made visible, channel.json
+	// last: edited in place, a poll between the publish and the edit took
+	// the genuine generation 3 (seen in CI under load).
+	sh("rm -rf /srv/www/stage && cp -a /srv/www/nixcage/stable /srv/www/stage")
+	publishTo("c0ffee3", "/srv/www/stage")
+	sh(`sed -i 's/"generation": 3/"generation": 33/' /srv/www/stage/releases/3/release.json`)
+	sh("cd /srv/www/stage && mv channel.json /srv/www/channel.json.new && cp -a . /srv/www/nixcage/stable/ && mv /srv/www/channel.json.new /srv/www/nixcage/stable/channel.json && rm -rf /srv/www/stage")
 	for _, h := range hosts {
 		st := waitFor(h, "the tampered generation 3 refused", func(st *bus.Status) bool {
 			return st.ChannelPoll.Published == 3 && strings.Contains(st.ChannelPoll.LastError, "release refused")
