@@ -497,3 +497,53 @@ func TestControlPauseResume(t *testing.T) {
 		t.Errorf("alpha is %s after a failed pause", act)
 	}
 }
+
+// TestAckUploadRedirectRefused: the ack server is run by whoever runs the
+// fleet's controller, and with an http ack_url anyone on the path can
+// answer for it. caged uploads as root from the host's network namespace,
+// so a 307 must not aim its PUT (body and all) at a service on this
+// host's loopback, as the release fetcher refuses the same redirect.
+func TestAckUploadRedirectRefused(t *testing.T) {
+	var mu sync.Mutex
+	var hit []string
+	local := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		hit = append(hit, r.Method+" "+r.URL.Path)
+		mu.Unlock()
+		w.WriteHeader(http.StatusCreated)
+	}))
+	t.Cleanup(local.Close)
+	asked := make(chan string, 16)
+	evil := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked <- r.URL.Path
+		http.Redirect(w, r, local.URL+"/v1/agent/service/register", http.StatusTemporaryRedirect)
+	}))
+	t.Cleanup(evil.Close)
+
+	s := newSigner(t, "ops", "sec")
+	c := daemontest.Start(t, twoAgents)
+	s.writePub(c.Path("/etc/nixcage/control/ops.pub"), "ops")
+	s.writePub(c.Path("/etc/nixcage/control/sec.pub"), "sec")
+	c.WriteConfig(controlConfig(evil.URL + "/acks/"))
+	c.Restart()
+	ack, err := c.Client().ApplyControl(context.Background(), s.command(control.ActionKill, "alpha", nil, "ops"))
+	if err != nil || ack.Status != control.StatusRejected {
+		t.Fatalf("ack %+v %v", ack, err)
+	}
+	select {
+	case p := <-asked:
+		if !strings.HasSuffix(p, "/"+ack.SHA256+"/rejected.json") {
+			t.Errorf("ack PUT at %s", p)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("caged never tried to upload the ack")
+	}
+	// The redirect, if followed, reaches the local service within
+	// milliseconds; give it far longer.
+	time.Sleep(2 * time.Second)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(hit) > 0 {
+		t.Fatalf("the ack server redirected caged's upload to a loopback service, which got %v", hit)
+	}
+}
