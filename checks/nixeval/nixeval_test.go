@@ -364,9 +364,10 @@ func TestRenderDerivation(t *testing.T) {
 			t.Errorf("environment.etc.%q points at %s, which the build does not produce", etc, rel)
 		}
 	}
-	// The reference example declares a relay: its runtime document too.
-	if _, ok := r.Glue.Etc["nixcage/relay.json"]; len(r.Glue.Etc) != 3 || !ok {
-		t.Errorf("environment.etc = %v, want nixcage/nixcage.json, nixcage/agents and nixcage/relay.json", r.Glue.Etc)
+	// The reference example declares a relay: its runtime document too;
+	// every render records its options (turns, docs/relay.md).
+	if _, ok := r.Glue.Etc["nixcage/relay.json"]; len(r.Glue.Etc) != 4 || !ok {
+		t.Errorf("environment.etc = %v, want nixcage/nixcage.json, nixcage/agents, nixcage/render-options.json and nixcage/relay.json", r.Glue.Etc)
 	}
 	if string(r.Glue.Targets["nixcage"]) != `{"wantedBy":["multi-user.target"]}` {
 		t.Errorf("systemd.targets.nixcage = %s, want wantedBy multi-user.target", r.Glue.Targets["nixcage"])
