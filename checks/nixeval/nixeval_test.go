@@ -471,6 +471,12 @@ func TestGoodDeclarations(t *testing.T) {
 				t.Errorf("learn and approval render %v", a)
 			}
 		},
+		"turns": func(t *testing.T, r result, model map[string]any) {
+			a := model["agent"].(map[string]any)["helper"].(map[string]any)
+			if fmt.Sprint(a["turn_command"]) != "[/workspace/bin/turn --once]" || a["turn_timeout"] != "90s" {
+				t.Errorf("turnCommand and turnTimeout render %v", a)
+			}
+		},
 		"config-file":      func(t *testing.T, r result, model map[string]any) {},
 		"wildcard-inspect": func(t *testing.T, r result, model map[string]any) {},
 	}

@@ -329,6 +329,49 @@ func TestWorkspaceFilesThroughCaged(t *testing.T) {
 	}
 }
 
+// TestTurnEndsWithItsCallerOrAKill: a turn whose caller leaves the bus
+// (cagectl interrupted, a relay restarted) is stopped, and so is one whose
+// agent is killed; both are audited canceled.
+func TestTurnEndsWithItsCallerOrAKill(t *testing.T) {
+	c := daemontest.Start(t, turnAgents)
+	watcher := c.Client()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	events, err := watcher.Events(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SD.Reset()
+	leaving, err := bus.Dial(ctx, c.Bus.Address)
+	if err != nil {
+		t.Fatal(err)
+	}
+	goTurn(leaving, "nobody waits for this")
+	waitTransient(t, c.SD, 1)
+	leaving.Close()
+	e := waitEvent(t, events, func(e bus.Event) bool { return e.Kind == bus.SignalTurnFinished && e.Agent == "alpha" })
+	if e.Data["status"] != bus.TurnCanceled {
+		t.Fatalf("turn of a caller that left: %+v", e)
+	}
+	if a, _ := c.SD.State(turnUnit); a != "inactive" {
+		t.Fatalf("turn unit is %s after its caller left, want stopped", a)
+	}
+
+	r := goTurn(c.Client(), "killed midway")
+	waitTransient(t, c.SD, 2)
+	c.SD.SetState(paths.Instance(paths.AgentTemplate, "alpha"), "active", "running")
+	if err := watcher.Kill(ctx, "alpha"); err != nil {
+		t.Fatal(err)
+	}
+	got := <-r
+	if got.err != nil || got.res.Status != bus.TurnCanceled || got.res.Exit != bus.ExitCanceled {
+		t.Fatalf("turn of a killed agent = %+v, %v", got.res, got.err)
+	}
+	if a, _ := c.SD.State(turnUnit); a != "inactive" {
+		t.Fatalf("turn unit is %s after a kill, want stopped", a)
+	}
+}
+
 // TestTurnReplyIsABusString: a harness printing bytes that are not UTF-8,
 // or a NUL, still gets its reply to the caller (red team: godbus replaced
 // the reply with "destination tried to respond with invalid message").
