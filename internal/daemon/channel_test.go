@@ -414,6 +414,8 @@ func TestChannelSlowNARDoesNotLockOutOperator(t *testing.T) {
 				select {
 				case <-stop:
 					panic(http.ErrAbortHandler)
+				case <-r.Context().Done():
+					return
 				case <-time.After(500 * time.Millisecond):
 				}
 				w.Write(b[i : i+1])
@@ -471,4 +473,10 @@ store {
 	if err := h.cl.Reload(rctx); err != nil {
 		t.Fatalf("the operator's reload while the channel server trickles a NAR: %v (it waits on caged's operation lock, held by the channel apply for up to an hour)", err)
 	}
+	// The stopped apply is a failed poll saying why, and the next poll
+	// retries it: once the server serves, generation 2 arrives.
+	trickle.Store(false)
+	waitChannel(t, h, "generation 2 applied after the operator's reload", func(st *bus.Status) bool {
+		return st.Generation == 2 && st.ChannelPoll.LastError == ""
+	})
 }
