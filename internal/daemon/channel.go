@@ -24,7 +24,7 @@ const channelApplyTimeout = time.Hour
 
 var (
 	errChannelApplyTimeout = errors.New("the channel apply did not finish within " + channelApplyTimeout.String())
-	errYieldToAdmin     = errors.New("the channel apply was stopped for an admin's action (apply, rollback, reload); the next poll retries it")
+	errYieldToAdmin        = errors.New("the channel apply was stopped for an admin's action (apply, rollback, reload); the next poll retries it")
 )
 
 // channelState is the poller and what the status reads of it.
