@@ -67,7 +67,7 @@ const (
 
 // relayTurn is alpha's scripted harness: the text on stdin, the reply on
 // stdout, and what it has seen in its inbox.
-const relayTurn = `turn_command = ["/bin/sh", "-c", "read -r line; n=$(cat /workspace/turns 2>/dev/null | wc -l); echo x >> /workspace/turns; echo \"turn $n heard: $line\"; ls /workspace/inbox 2>/dev/null"]`
+const relayTurn = `turn_command = ["/bin/sh", "-c", "read -r line; case $line in *slowly*) sleep 5;; esac; n=$(cat /workspace/turns 2>/dev/null | wc -l); echo x >> /workspace/turns; echo \"turn $n heard: $line\"; ls /workspace/inbox 2>/dev/null"]`
 
 func relayHCL(role, agents string) string {
 	return strings.NewReplacer("${role}", role, "${agents}", agents, "${turn}", relayTurnConfig).Replace(relayConfig)
@@ -429,12 +429,13 @@ func relayTurnsAndFiles(t *testing.T, say func(int64, string), sendDoc func(stri
 	if got := reply("sendMessage"); !strings.Contains(got.Text, "Saved as /workspace/inbox/notes.txt") {
 		t.Fatalf("upload answered %q", got.Text)
 	}
-	say(relayOwner, "hello from chat")
+	// A turn long enough for the typing indicator (re-sent every 4 s).
+	say(relayOwner, "hello from chat, slowly")
 	typing := reply("sendChatAction")
 	if typing.Action != "typing" {
 		t.Fatalf("action %+v", typing)
 	}
-	if got := reply("sendMessage"); !strings.Contains(got.Text, "turn 0 heard: hello from chat") || !strings.Contains(got.Text, "notes.txt") {
+	if got := reply("sendMessage"); !strings.Contains(got.Text, "turn 0 heard: hello from chat, slowly") || !strings.Contains(got.Text, "notes.txt") {
 		t.Fatalf("turn answered %q", got.Text)
 	}
 	say(relayOwner, "and again")

@@ -97,11 +97,12 @@ func (g *Gateway) admit(ctx context.Context, st *state, dec policy.Decision, hos
 	if q == nil || !approvable(dec, host) {
 		return dec, refused
 	}
-	// The address rules first: no operator is asked about a name the
-	// gateway would refuse anyway (private, loopback, metadata).
-	if _, err := g.resolve(ctx, st, host, port); err != nil {
-		return dec, resolveBlock(err)
-	}
+	// The name is not resolved before an operator approves it: a lookup
+	// is a DNS query leaving the host with labels the agent chose (data
+	// smuggled in labels, which the cage's DNS filter refuses for an
+	// unlisted name). The address rules run after the approval, at the
+	// caller's resolve, so an approved name on a private, loopback or
+	// metadata address is still refused (rule address).
 	d, b := q.ask(ctx, host, port, method, path)
 	if b != nil {
 		return dec, b

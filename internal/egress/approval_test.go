@@ -78,8 +78,9 @@ func decide(t *testing.T, a *policy.Approval, p *policy.Pending, verdict, by str
 // decisions with caged's writer. An approval in time lets the request
 // through (audited approval:ID, by whom); no decision refuses it after the
 // wait, readably; a deny refuses it and the next retry without asking; a
-// flood of distinct hosts is bounded (and of one host, joined); what the
-// address rules or a deny entry refuse is never put to an operator; a
+// flood of distinct hosts is bounded (and of one host, joined); a literal,
+// a deny entry or a special-use name is never put to an operator, and an
+// approved name on a private address is refused by the address rules; a
 // decision in a directory others may write approves nothing.
 func TestApprovalQueue(t *testing.T) {
 	testenv.RequirePrivileged(t)
@@ -235,8 +236,8 @@ func TestApprovalQueue(t *testing.T) {
 		}
 	})
 
-	t.Run("never asked: addresses, literals, deny entries", func(t *testing.T) {
-		for _, u := range []string{h.httpURL("private.example.com", "/x"), h.httpURL("metadata.example.com", "/x"), "http://169.254.169.254/latest/", h.httpURL("denied.example.com", "/x"), "http://printer.local/"} {
+	t.Run("never asked: literals, deny entries, special-use names", func(t *testing.T) {
+		for _, u := range []string{"http://169.254.169.254/latest/", h.httpURL("denied.example.com", "/x"), "http://printer.local/"} {
 			start := time.Now()
 			code, hdr, _, _ := h.do(h.client(false), "GET", u, nil, "")
 			if code != http.StatusForbidden || time.Since(start) > 2*time.Second {
@@ -248,6 +249,28 @@ func TestApprovalQueue(t *testing.T) {
 		}
 		if n := len(pendingNow(t, ap)); n != 0 {
 			t.Fatalf("%d pending for requests no operator may allow", n)
+		}
+	})
+
+	// A name is resolved only once approved (a lookup would carry the
+	// agent's labels out: TestApprovalAsksBeforeResolving), so a name on
+	// a private or metadata address is asked about, and the approval
+	// still reaches nothing: the address rules refuse it.
+	t.Run("approved names on private addresses are refused", func(t *testing.T) {
+		for _, host := range []string{"private.example.com", "metadata.example.com"} {
+			done := make(chan string, 1)
+			go func() {
+				code, hdr, _, _ := h.do(h.client(false), "GET", h.httpURL(host, "/private"), nil, "")
+				done <- strconv.Itoa(code) + " " + hdr.Get("X-Nixcage-Rule")
+			}()
+			p := waitPending(t, ap, host)
+			decide(t, ap, p, policy.VerdictOnce, "operator (uid 1000)")
+			if got := <-done; got != "403 address" {
+				t.Fatalf("approved %s: %s, want 403 address", host, got)
+			}
+			if lastPath(h) == "/private" {
+				t.Fatalf("the upstream was reached through %s", host)
+			}
 		}
 	})
 
