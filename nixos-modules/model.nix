@@ -41,6 +41,8 @@ let
   agent = a: clean {
     inherit (a) backend command environment workspace tools image autostart interactive egress harness learn;
     learn_for = a.learnFor;
+    turn_command = a.turnCommand;
+    turn_timeout = a.turnTimeout;
     # A list, so an approval block with every default (an empty one) stays
     # a block in the JSON rather than being cleaned away.
     approval = lib.mapNullable (ap: [ (clean { inherit (ap) wait; max_pending = ap.maxPending; }) ]) a.approval;

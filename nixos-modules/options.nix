@@ -157,6 +157,8 @@ let
       interactive = opt types.bool "Give the agent a terminal held by caged; `cagectl attach NAME` connects to it (default false).";
       learn = opt types.bool "Learn mode: for learnFor after each start of the cage, requests outside the policy are allowed and flagged (audit rule learn), never private/metadata addresses, IP literals or denied names; `cagectl policy suggest` turns the run into a policy (docs/grants.md). Default false.";
       learnFor = opt types.str "Length of the learn window, 1m to 24h (default 30m). Needs learn = true.";
+      turnCommand = opt (types.nonEmptyListOf types.str) "argv of one turn (cagectl say, a chat message; docs/relay.md), run in the agent's cage with the text on its stdin; the first word an absolute path inside the cage. Default: the harness's (claude-code: claude -p --continue; codex: codex exec resume --last ... -), none otherwise.";
+      turnTimeout = opt types.str "How long one turn may run before it is stopped, 1s to 24h (default 10m).";
       approval = opt (types.submodule {
         options = {
           wait = opt types.str "How long a request outside the policy waits for `cagectl approve` (1s to 5m, default 30s).";

@@ -68,6 +68,9 @@ in
       # /etc/nixcage with environment.etc.
       environment.etc."nixcage/nixcage.json".source = "${rendered}/etc/nixcage/nixcage.json";
       environment.etc."nixcage/agents".source = "${rendered}/etc/nixcage/agents";
+      # The options the units were rendered with: caged renders each turn's
+      # unit like its agent's (docs/relay.md).
+      environment.etc."nixcage/render-options.json".source = "${rendered}/etc/nixcage/render-options.json";
       # [Install] sections of packaged units are not read by NixOS.
       systemd.targets.nixcage.wantedBy = [ "multi-user.target" ];
     })

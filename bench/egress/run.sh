@@ -11,6 +11,9 @@
 #                                  # bulk, 8 keep-alive tunnels for 5 s, 1000
 #                                  # held tunnels, 8 intercepted clients
 #   QUICK=1 bench/egress/run.sh    # 1 round, smaller counts (~2 minutes)
+#   PROFILE=latency bench/egress/run.sh   # or bulk, keepalive, icpt: strace
+#                                  # and perf of cage-egress under one
+#                                  # workload instead of the table
 #   BASE_EGRESS=/path/cage-egress bench/egress/run.sh
 #                                  # also measures that build (rows
 #                                  # "cage-egress-base") in the same rounds:
@@ -54,7 +57,8 @@ echo "== building" >&2
 (cd "$ROOT" && go build -o "$W/cage-egress" ./cmd/cage-egress && go build -o "$W/loadgen" ./bench/egress/loadgen)
 (cd "$ROOT/bench/egress/goproxy" && go build -o "$W/goproxy" .)
 if [ -n "${BASE_EGRESS:-}" ]; then cp "$BASE_EGRESS" "$W/cage-egress-base"; fi
-if ! command -v squid >/dev/null && command -v apt-get >/dev/null; then
+[ -n "${PROFILE:-}" ] && SMOKESCREEN=${SMOKESCREEN:-none}
+if [ -z "${PROFILE:-}" ] && ! command -v squid >/dev/null && command -v apt-get >/dev/null; then
   echo "== installing squid" >&2
   DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends squid >"$W/apt.log" 2>&1 || { cat "$W/apt.log" >&2; exit 1; }
 fi
@@ -190,6 +194,36 @@ peers+=("goproxy|name ip")
 
 R="$W/results.jsonl"
 lg() { "$W/loadgen" "$@" >>"$R"; }
+
+# PROFILE=latency|bulk|keepalive|icpt: no table. One fresh cage-egress
+# under that workload (the same as the table's), warmed once, then counted
+# by `strace -c -f` (syscalls per tunnel or request) and sampled by `perf
+# record -g` (where its CPU goes, cumulative per frame). The figures of
+# docs/performance.md's "where the time goes" come from this.
+if [ -n "${PROFILE:-}" ]; then
+  for t in strace perf; do command -v $t >/dev/null || { echo "PROFILE needs $t (apt-get install strace linux-perf)" >&2; exit 1; }; done
+  work() {
+    case $PROFILE in
+      latency) lg latency -label p -proxy 127.0.0.1:$PORT -target "up.bench.test:$UP_PORT" -n "$N_LAT" ;;
+      bulk) lg throughput -label p -proxy 127.0.0.1:$PORT -target "up.bench.test:$UP_PORT" -bytes "$BULK" ;;
+      keepalive) lg rps -label p -proxy 127.0.0.1:$PORT -target "up.bench.test:$UP_PORT" -c 8 -d "$KA_SECS" ;;
+      icpt) lg rps -label p -proxy 127.0.0.1:$PORT -target "api.bench.test:$UP_PORT" -sni api.bench.test -header "x-api-key:$PH" -c 8 -d "$ICPT_SECS" ;;
+      *) echo "PROFILE=$PROFILE: want latency, bulk, keepalive or icpt" >&2; exit 2 ;;
+    esac
+  }
+  PORT=$((PORT + 1)); name=cage-egress; [ "$PROFILE" = icpt ] && name=cage-egress-icpt
+  start_proxy "$name" "$PORT"
+  work
+  strace -c -f -p "$PROXY_PID" -o "$W/strace.txt" 2>/dev/null & SP=$!; sleep 1; work; sleep 0.5; kill -INT $SP; wait $SP || true
+  perf record -F 999 -g -p "$PROXY_PID" -o "$W/perf.data" 2>/dev/null & PP=$!; sleep 1; work; kill -INT $PP; wait $PP || true
+  ops=$(sed -n 2p "$R" | python3 -c 'import json, sys; print(json.load(sys.stdin).get("n") or 1)')
+  echo "PROFILE=$PROFILE, load $(cut -d' ' -f1-3 /proc/loadavg); strace run: $ops operations (tunnels, requests, or 1 bulk GET)"
+  echo; echo "syscalls per operation (strace -c -f; its own overhead slows the gateway, the counts are what matters):"
+  awk -v ops="$ops" '$NF ~ /^[a-z_0-9]+$/ && $4 ~ /^[0-9]+$/ && $NF != "total" {printf "  %-14s %8.2f\n", $NF, $4 / ops}' "$W/strace.txt" | sort -k2 -nr | head -16
+  echo; echo "perf: cumulative share of the gateway's samples per frame (user space; kernel time is inside the syscall frames):"
+  perf report -i "$W/perf.data" --children --sort sym --stdio -g none 2>/dev/null | grep -E '\[\.\]' | head -45
+  exit 0
+fi
 # direct SLOT: the direct figures right before one proxy's, so each ratio
 # compares two runs seconds apart (the load here moves by minutes).
 direct() {

@@ -364,9 +364,10 @@ func TestRenderDerivation(t *testing.T) {
 			t.Errorf("environment.etc.%q points at %s, which the build does not produce", etc, rel)
 		}
 	}
-	// The reference example declares a relay: its runtime document too.
-	if _, ok := r.Glue.Etc["nixcage/relay.json"]; len(r.Glue.Etc) != 3 || !ok {
-		t.Errorf("environment.etc = %v, want nixcage/nixcage.json, nixcage/agents and nixcage/relay.json", r.Glue.Etc)
+	// The reference example declares a relay: its runtime document too;
+	// every render records its options (turns, docs/relay.md).
+	if _, ok := r.Glue.Etc["nixcage/relay.json"]; len(r.Glue.Etc) != 4 || !ok {
+		t.Errorf("environment.etc = %v, want nixcage/nixcage.json, nixcage/agents, nixcage/render-options.json and nixcage/relay.json", r.Glue.Etc)
 	}
 	if string(r.Glue.Targets["nixcage"]) != `{"wantedBy":["multi-user.target"]}` {
 		t.Errorf("systemd.targets.nixcage = %s, want wantedBy multi-user.target", r.Glue.Targets["nixcage"])
@@ -468,6 +469,12 @@ func TestGoodDeclarations(t *testing.T) {
 			a := model["agent"].(map[string]any)["a"].(map[string]any)
 			if ap, ok := a["approval"].([]any); !ok || len(ap) != 1 || a["learn"] != true || a["learn_for"] != "10m" {
 				t.Errorf("learn and approval render %v", a)
+			}
+		},
+		"turns": func(t *testing.T, r result, model map[string]any) {
+			a := model["agent"].(map[string]any)["helper"].(map[string]any)
+			if fmt.Sprint(a["turn_command"]) != "[/workspace/bin/turn --once]" || a["turn_timeout"] != "90s" {
+				t.Errorf("turnCommand and turnTimeout render %v", a)
 			}
 		},
 		"config-file":      func(t *testing.T, r result, model map[string]any) {},

@@ -25,7 +25,9 @@ const ptsProbe = `test -t 0 && echo has-terminal; echo pts:$(ls /dev/pts); for f
 // shellConfig: a service and an nspawn agent to shell into, an admin
 // (shadmin) and an operator (runner). The service agents report what they
 // see of the host's terminals (ptsProbe): svc without a terminal, itty
-// with the one caged holds for it.
+// with the one caged holds for it. The nspawn agent keeps trying to
+// write to every terminal behind its PID namespace's /proc/PID/fd/0-2,
+// which includes an admin's shell's (red team).
 const shellConfig = `
 egress_policy "p" {
   allow = ["api.example.com"]
@@ -45,7 +47,7 @@ agent "itty" {
 }
 agent "box" {
   backend   = "nspawn"
-  command   = ["/bin/sh", "-c", "exec sleep 3600"]
+  command   = ["/bin/sh", "-c", "while :; do for f in /proc/[0-9]*/fd/0 /proc/[0-9]*/fd/1 /proc/[0-9]*/fd/2; do l=$(readlink $f); case $l in *pts*|*tty*|*console*) if (echo AGENT-WROTE > $f) 2>/dev/null; then echo wrote:$l; else echo refused:$l; fi;; esac; done; sleep 0.2; done"]
   egress    = "p"
   autostart = false
 }
@@ -223,6 +225,11 @@ func TestShellOnSystemd(t *testing.T) {
 
 	// A real terminal, as an admin: typed input, Ctrl-C reaches the
 	// foreground command, not the shell; the exit status comes back.
+	// agentTTYs is what the nspawn agent's loop (shellConfig) reported:
+	// each terminal it found behind /proc/PID/fd/0-2, written or refused.
+	agentTTYs := func() string {
+		return sh("journalctl -u nixcage-agent@box.service -o cat --no-pager | grep -E '^(wrote|refused):' | sort | uniq -c || true")
+	}
 	for _, name := range []string{"svc", "box"} {
 		t.Run("pty-"+name, func(t *testing.T) {
 			out, code := runPTY(t, ctx, m, asAdmin+"cagectl shell "+name, func(p *ptyDriver) {
@@ -230,6 +237,13 @@ func TestShellOnSystemd(t *testing.T) {
 				p.expect(t, "42-in-"+name)
 				p.write("sleep 30\r")
 				time.Sleep(500 * time.Millisecond)
+				if name == "box" {
+					// While the shell runs, the nspawn agent's loop has
+					// reached its terminal (below).
+					for i := 0; !strings.Contains(agentTTYs(), ":/dev/pts/") && i < 100; i++ {
+						time.Sleep(100 * time.Millisecond)
+					}
+				}
 				p.write("\x03")
 				p.write("echo back-$((2+3))\r")
 				p.expect(t, "back-5")
@@ -237,6 +251,23 @@ func TestShellOnSystemd(t *testing.T) {
 			})
 			if code != 3 {
 				t.Errorf("exit %d, want 3\n%s", code, out)
+			}
+			// The nspawn agent (same uid as the shell, same PID
+			// namespace) tries, all along, every terminal its processes'
+			// /proc/PID/fd/0-2 lead to: it finds the admin's pty there
+			// and cannot open it (red team).
+			if strings.Contains(out, "AGENT-WROTE") {
+				t.Errorf("the agent wrote into the admin's terminal through /proc/PID/fd:\n%s", out)
+			}
+			if name == "box" {
+				tried := agentTTYs()
+				t.Logf("the agent's attempts on terminals:\n%s", tried)
+				if strings.Contains(tried, "wrote:") {
+					t.Errorf("the nspawn agent opened a terminal of the admin's shell for writing:\n%s", tried)
+				}
+				if !strings.Contains(tried, "refused:/dev/pts/") {
+					t.Errorf("the agent's probe never found the shell's terminal in /proc/PID/fd; the check above proves nothing:\n%s", tried)
+				}
 			}
 		})
 	}

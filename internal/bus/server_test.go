@@ -529,6 +529,10 @@ func helper(addr, what string) int {
 		_, err = c.ListGrants(ctx, "alpha")
 	case "revoke-g1":
 		err = c.RevokeGrant(ctx, "g-1")
+	case "apply-control":
+		_, err = c.ApplyControl(ctx, []byte(`{"schema":1}`))
+	case "control-acks":
+		_, err = c.ControlAcks(ctx, 0)
 	case "approvals-alpha":
 		_, err = c.ListApprovals(ctx, "alpha")
 	case "approve-alpha":
@@ -653,6 +657,14 @@ func TestAuthorizationByRealUID(t *testing.T) {
 		{"stranger is refused a decision", uidStranger, "approve-alpha", denied},
 		{"a verdict is once, host or deny", uidOperator, "approve-bad-verdict", bus.ErrorInvalid},
 		{"operator decides an approval", uidOperator, "approve-alpha", "ok"},
+		// Control commands (docs/fleet.md): handing one in is admin, as
+		// apply is, whatever its signatures; the acks are viewer over all.
+		{"operator (e.g. the chat relay) is refused a control command", uidOperator, "apply-control", denied},
+		{"viewer is refused a control command", uidViewer, "apply-control", denied},
+		{"stranger is refused a control command", uidStranger, "apply-control", denied},
+		{"stranger is refused the ack list", uidStranger, "control-acks", denied},
+		{"scoped operator is refused the ack list", uidOperator, "control-acks", denied},
+		{"viewer over every agent lists the acks", uidViewer, "control-acks", "ok"},
 		{"only root may own the name", uidOperator, "own", "org.freedesktop.DBus.Error.AccessDenied"},
 	}
 	for _, c := range cases {

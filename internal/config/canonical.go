@@ -37,6 +37,12 @@ func Canonical(cfg *Config) ([]byte, error) {
 		if a.Approval != nil {
 			m["approval"] = map[string]any{"wait": a.Approval.Wait.String(), "max_pending": a.Approval.MaxPending}
 		}
+		if a.TurnCommand != nil {
+			m["turn_command"] = a.TurnCommand
+		}
+		if a.TurnTimeout != DefaultTurnTimeout && a.TurnTimeout != 0 {
+			m["turn_timeout"] = a.TurnTimeout.String()
+		}
 		if a.Tools != "" {
 			m["tools"] = a.Tools
 		}

@@ -3,6 +3,7 @@ package config
 import (
 	"time"
 
+	"github.com/nixcage/nixcage/internal/harness"
 	"github.com/nixcage/nixcage/internal/policy"
 )
 
@@ -57,6 +58,22 @@ type Agent struct {
 	Learn *Learn
 	// Approval is the approval queue, nil when off.
 	Approval *Approval
+	// TurnCommand is turn_command as declared (nil: the harness's; see
+	// TurnArgv). TurnTimeout bounds one turn (docs/relay.md).
+	TurnCommand []string
+	TurnTimeout time.Duration
+}
+
+// TurnArgv is what one turn runs in the cage (the text comes on its stdin):
+// turn_command, else the harness's turn command; nil if the agent has none.
+func (a *Agent) TurnArgv() []string {
+	if len(a.TurnCommand) > 0 {
+		return a.TurnCommand
+	}
+	if h, ok := harness.Lookup(a.Harness); ok {
+		return h.TurnCommand
+	}
+	return nil
 }
 
 // Learn: for For after each start of the cage, requests outside the policy

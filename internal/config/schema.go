@@ -88,6 +88,8 @@ type agentV1 struct {
 	Interactive *bool             `hcl:"interactive,optional"`
 	Learn       *bool             `hcl:"learn,optional"`
 	LearnFor    *string           `hcl:"learn_for,optional"`
+	TurnCommand *[]string         `hcl:"turn_command,optional"`
+	TurnTimeout *string           `hcl:"turn_timeout,optional"`
 	Approval    []approvalV1      `hcl:"approval,block"`
 	Inline      []policyV1        `hcl:"egress_policy,block"`
 	Resources   []resourcesV1     `hcl:"resources,block"`

@@ -8,6 +8,7 @@ import (
 	"path"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -55,7 +56,11 @@ var reservedEnv = map[string]bool{
 // quote them. The egress policy's defaults live with its model, in package
 // policy (policy.DefaultMaxTunnels, ...).
 const (
-	DefaultMemory       = "2G"
+	DefaultMemory = "2G"
+	// DefaultTurnTimeout bounds one turn of an agent (cagectl say, a chat
+	// message); MaxTurnTimeout is the most turn_timeout may be.
+	DefaultTurnTimeout  = 10 * time.Minute
+	MaxTurnTimeout      = 24 * time.Hour
 	DefaultTasks        = 512
 	DefaultPort         = 443
 	DefaultGenerations  = 3
@@ -296,6 +301,7 @@ func (v *validator) agent(a *agentV1) *Agent {
 		Workspace:   paths.DefaultWorkspace(a.Name),
 		Autostart:   true,
 		Resources:   Resources{Memory: DefaultMemory, Tasks: DefaultTasks},
+		TurnTimeout: DefaultTurnTimeout,
 	}
 	if ag.Environment == nil {
 		ag.Environment = map[string]string{}
@@ -390,6 +396,7 @@ func (v *validator) agent(a *agentV1) *Agent {
 	}
 	ag.Learn = v.learn(a)
 	ag.Approval = v.approval(a)
+	v.turn(a, ag)
 	if len(a.Resources) > 1 {
 		v.errorf(block(a.Resources[1].Body), "Duplicate resources block", "agent %q has more than one resources block. Merge them.", a.Name)
 	}
@@ -998,6 +1005,31 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// turn validates turn_command and turn_timeout (docs/relay.md).
+func (v *validator) turn(a *agentV1, ag *Agent) {
+	if a.TurnCommand != nil {
+		c := *a.TurnCommand
+		switch {
+		case len(c) == 0 || c[0] == "":
+			v.errorf(at(a.Body, "turn_command"), "Empty turn_command", "agent %q: turn_command must name the program a turn runs (the text comes on its stdin), e.g. [\"/workspace/bin/turn\"]; or remove it.", a.Name)
+		case !filepath.IsAbs(c[0]):
+			v.errorf(at(a.Body, "turn_command"), "Relative turn_command", "agent %q: turn_command[0] %q must be an absolute path inside the cage (there is no PATH lookup), e.g. \"%s/bin/claude\".", a.Name, c[0], paths.CageTools)
+		case slices.ContainsFunc(c, func(s string) bool { return strings.ContainsRune(s, 0) }):
+			v.errorf(at(a.Body, "turn_command"), "Invalid turn_command argument", "agent %q: turn_command arguments cannot contain NUL bytes.", a.Name)
+		default:
+			ag.TurnCommand = c
+		}
+	}
+	if a.TurnTimeout != nil {
+		d, err := time.ParseDuration(*a.TurnTimeout)
+		if err != nil || d < time.Second || d > MaxTurnTimeout {
+			v.errorf(at(a.Body, "turn_timeout"), "Invalid turn_timeout", "agent %q: turn_timeout = %q; write a duration from 1s to %s, e.g. \"10m\", or leave it out for the default (%s).", a.Name, *a.TurnTimeout, MaxTurnTimeout, DefaultTurnTimeout)
+			return
+		}
+		ag.TurnTimeout = d
+	}
 }
 
 // control checks the signed control commands' trust (docs/fleet.md,

@@ -16,6 +16,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/nixcage/nixcage/internal/release"
 )
 
 // Ack is the acknowledgement of one attempt to execute a command, whatever
@@ -135,6 +137,20 @@ func (l *AckLog) Read(max int) ([]Ack, error) {
 // never executed.json.
 func UploadPath(a Ack) string {
 	return url.PathEscape(a.Host) + "/" + a.SHA256 + "/" + a.Status + ".json"
+}
+
+// UploadClient is the client acks are uploaded with: the release
+// fetcher's guarded client (release.FetchClient), for the same reason. caged
+// uploads as root from the host's network namespace, and the ack server (or,
+// with an http ack_url, anyone on the path) answers; its redirects must not
+// aim the PUT at this host's loopback, the LAN or a metadata service. The
+// configured ack server itself may be anywhere the operator named.
+func UploadClient(base string) (*http.Client, error) {
+	u, err := url.Parse(base)
+	if err != nil {
+		return nil, fmt.Errorf("upload ack: ack_url: %w", err)
+	}
+	return release.FetchClient(u), nil
 }
 
 // Upload PUTs the ack as JSON to base/UploadPath(a). Any 2xx is success.

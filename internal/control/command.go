@@ -247,6 +247,18 @@ func parseCommand(raw []byte) (*Command, error) {
 	if c.Schema != Schema {
 		return nil, reject("malformed: command schema %d is not supported (want %d)", c.Schema, Schema)
 	}
+	// The canonical bytes hold the times in UTC, and JSON times exist only
+	// for the years 0-9999: "9999-12-31T23:59:59-23:59" parses but is year
+	// 10000 in UTC. Refused here, so every parsed command has canonical
+	// bytes (Canonical cannot fail) before anything was verified.
+	for _, tm := range []struct {
+		name string
+		t    time.Time
+	}{{"issued", c.Issued}, {"expires", c.Expires}} {
+		if y := tm.t.UTC().Year(); y < 0 || y > 9999 {
+			return nil, reject("malformed: %s %s is outside the years 0-9999 in UTC", tm.name, tm.t.Format(time.RFC3339))
+		}
+	}
 	return &c, nil
 }
 

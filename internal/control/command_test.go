@@ -124,6 +124,10 @@ func TestCheckRefusals(t *testing.T) {
 		{"unknown envelope field", []byte(unknownField), 1, StatusRejected, "malformed"},
 		{"trailing data", append(append([]byte{}, goodRaw...), []byte(`{}`)...), 1, StatusRejected, "trailing data"},
 		{"no command", []byte(`{"schema":1,"signatures":[]}`), 1, StatusRejected, "no command"},
+		// Valid RFC 3339, but year 10000 (and -1) in UTC: no canonical
+		// bytes exist, so the document is malformed, not a panic.
+		{"time past year 9999 in UTC", []byte(`{"schema":1,"command":{"schema":1,"action":"kill","host":"*","agent":"*","issued":"9999-12-31T23:00:00-23:59","expires":"9999-12-31T23:59:59-23:59","nonce":"00000000000000000000000000000000","reason":"x"},"signatures":[]}`), 1, StatusRejected, "outside the years 0-9999"},
+		{"time before year 0 in UTC", []byte(`{"schema":1,"command":{"schema":1,"action":"kill","host":"*","agent":"*","issued":"0000-01-01T00:00:00+23:59","expires":"0000-01-01T01:00:00+23:59","nonce":"00000000000000000000000000000000","reason":"x"},"signatures":[]}`), 1, StatusRejected, "outside the years 0-9999"},
 		{"oversized", make([]byte, MaxSize+1), 1, StatusRejected, "more than the"},
 	}
 	for _, tc := range cases {

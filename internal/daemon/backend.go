@@ -254,6 +254,7 @@ func (d *Daemon) Restart(ctx context.Context, agent, by string) error {
 func (d *Daemon) Kill(ctx context.Context, agent, by string) error {
 	unit := paths.Instance(paths.AgentTemplate, agent)
 	d.log.Warn("kill agent", "agent", agent, "unit", unit, "signal", "SIGKILL", "by", by)
+	d.cancelTurn(agent)
 	if err := d.units.Kill(ctx, unit, int32(syscall.SIGKILL)); err != nil {
 		return err
 	}
@@ -274,6 +275,9 @@ func (d *Daemon) Quarantine(ctx context.Context, agent, reason, by string) (stri
 	if a == nil { // removed by a reload since the call was authorized
 		return "", fmt.Errorf("%w: %q", bus.ErrNoSuchAgent, agent)
 	}
+	// A running turn ends too (cutting the egress would stop it anyway:
+	// it Requires= the gateway's sockets).
+	d.cancelTurn(agent)
 	snap, _ := d.Agent(ctx, agent)
 	res, err := quarantine.Run(ctx, d.units, d.qdirs, quarantine.Request{
 		Agent: agent, Reason: reason, By: by, Workspace: a.Workspace, Status: snap, Log: d.log,

@@ -376,8 +376,11 @@ store {
 	if _, err := channel.Publish(ctx, good, chanDir); err != nil {
 		t.Fatal(err)
 	}
+	// Generation, poll and freshness are set one after another by the
+	// poll that applied it: wait for all three rather than read them at
+	// the first (a loaded CI run saw the generation before the lag).
 	st := waitChannel(t, h, "key 2's generation 2 applied after the revocation", func(st *bus.Status) bool {
-		return st.Generation == 2 && st.ChannelPoll.LastError == ""
+		return st.Generation == 2 && st.ChannelPoll.LastError == "" && st.ChannelPoll.Lag == 0 && st.Freshness == "ok"
 	})
 	if st.ChannelPoll.Lag != 0 || st.Freshness != "ok" {
 		t.Fatalf("after recovering: %+v, freshness %s %s", st.ChannelPoll, st.Freshness, st.FreshnessMessage)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -390,7 +389,12 @@ func (d *Daemon) recordAck(s *controlState, cfg *config.Config, a control.Ack) e
 			defer s.uploads.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), ackUploadTimeout)
 			defer cancel()
-			if err := control.Upload(ctx, http.DefaultClient, cfg.Control.AckURL, a); err != nil {
+			client, err := control.UploadClient(cfg.Control.AckURL)
+			if err == nil {
+				err = control.Upload(ctx, client, cfg.Control.AckURL, a)
+				client.CloseIdleConnections() // a client per upload: leave no connection behind
+			}
+			if err != nil {
 				d.log.Warn("ack not uploaded (it is in the ack file and the journal)", "command", a.SHA256, "err", err)
 			}
 		}()

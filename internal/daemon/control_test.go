@@ -376,19 +376,9 @@ func (cs *channelServer) waitPolls(t *testing.T, n int) {
 	}
 }
 
-// TestControlFeedFromChannel: caged polling a channel on a real HTTP
-// server runs the feed's commands through the same checks: the genuine
-// quarantine runs once (and is not acked again on later polls nor after a
-// caged restart: it is in the replay cache), a forged one is refused and
-// acked once per caged run, and a command for another host is skipped
-// without an ack.
-func TestControlFeedFromChannel(t *testing.T) {
-	s := newSigner(t, "ops", "sec", "stranger", "release")
-	cs := newChannelServer(t, map[string][]byte{
-		"q-alpha.json":    s.command(control.ActionQuarantine, "alpha", nil, "ops", "sec"),
-		"forged.json":     s.command(control.ActionKill, "beta", nil, "stranger", "ops"),
-		"other-host.json": s.command(control.ActionKill, "alpha", func(c *control.Command) { c.Host = "db-02" }, "ops", "sec"),
-	})
+// pollingCaged starts caged with the control keys ops and sec (threshold
+// 2) polling cs every second.
+func pollingCaged(t *testing.T, s *signer, cs *channelServer) *daemontest.Caged {
 	c := daemontest.Start(t, twoAgents)
 	s.writePub(c.Path("/etc/nixcage/control/ops.pub"), "ops")
 	s.writePub(c.Path("/etc/nixcage/control/sec.pub"), "sec")
@@ -404,6 +394,23 @@ channel {
 }
 `, cs.URL+"/"))
 	c.Restart()
+	return c
+}
+
+// TestControlFeedFromChannel: caged polling a channel on a real HTTP
+// server runs the feed's commands through the same checks: the genuine
+// quarantine runs once (and is not acked again on later polls nor after a
+// caged restart: it is in the replay cache), a forged one is refused and
+// acked once per caged run, and a command for another host is skipped
+// without an ack.
+func TestControlFeedFromChannel(t *testing.T) {
+	s := newSigner(t, "ops", "sec", "stranger", "release")
+	cs := newChannelServer(t, map[string][]byte{
+		"q-alpha.json":    s.command(control.ActionQuarantine, "alpha", nil, "ops", "sec"),
+		"forged.json":     s.command(control.ActionKill, "beta", nil, "stranger", "ops"),
+		"other-host.json": s.command(control.ActionKill, "alpha", func(c *control.Command) { c.Host = "db-02" }, "ops", "sec"),
+	})
+	c := pollingCaged(t, s, cs)
 	cl := c.Client()
 	ctx := context.Background()
 	cs.waitPolls(t, 3)
@@ -495,5 +502,89 @@ func TestControlPauseResume(t *testing.T) {
 	}
 	if act, _ := c.SD.State(unit("alpha")); act != "active" {
 		t.Errorf("alpha is %s after a failed pause", act)
+	}
+}
+
+// TestAckUploadRedirectRefused: the ack server is run by whoever runs the
+// fleet's controller, and with an http ack_url anyone on the path can
+// answer for it. caged uploads as root from the host's network namespace,
+// so a 307 must not aim its PUT (body and all) at a service on this
+// host's loopback, as the release fetcher refuses the same redirect.
+func TestAckUploadRedirectRefused(t *testing.T) {
+	var mu sync.Mutex
+	var hit []string
+	local := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		hit = append(hit, r.Method+" "+r.URL.Path)
+		mu.Unlock()
+		w.WriteHeader(http.StatusCreated)
+	}))
+	t.Cleanup(local.Close)
+	asked := make(chan string, 16)
+	evil := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked <- r.URL.Path
+		http.Redirect(w, r, local.URL+"/v1/agent/service/register", http.StatusTemporaryRedirect)
+	}))
+	t.Cleanup(evil.Close)
+
+	s := newSigner(t, "ops", "sec")
+	c := daemontest.Start(t, twoAgents)
+	s.writePub(c.Path("/etc/nixcage/control/ops.pub"), "ops")
+	s.writePub(c.Path("/etc/nixcage/control/sec.pub"), "sec")
+	c.WriteConfig(controlConfig(evil.URL + "/acks/"))
+	c.Restart()
+	ack, err := c.Client().ApplyControl(context.Background(), s.command(control.ActionKill, "alpha", nil, "ops"))
+	if err != nil || ack.Status != control.StatusRejected {
+		t.Fatalf("ack %+v %v", ack, err)
+	}
+	select {
+	case p := <-asked:
+		if !strings.HasSuffix(p, "/"+ack.SHA256+"/rejected.json") {
+			t.Errorf("ack PUT at %s", p)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("caged never tried to upload the ack")
+	}
+	// The redirect, if followed, reaches the local service within
+	// milliseconds; give it far longer.
+	time.Sleep(2 * time.Second)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(hit) > 0 {
+		t.Fatalf("the ack server redirected caged's upload to a loopback service, which got %v", hit)
+	}
+}
+
+// TestControlFeedTimeOutOfRange: a channel server holding no key serves
+// an unsigned command whose times are valid RFC 3339 in the document but
+// fall outside the years 0-9999 in UTC (9999-12-31T23:59:59-23:59). The
+// canonical bytes cannot be encoded; caged parses feed entries before any
+// signature check, so this must be a malformed command, acked rejected,
+// and caged keeps running (it used to panic in the poller and exit, on
+// every restart again: a keyless channel server stopping the appliance).
+func TestControlFeedTimeOutOfRange(t *testing.T) {
+	s := newSigner(t, "ops", "sec", "release")
+	bomb := []byte(`{"schema":1,"command":{"schema":1,"action":"kill","host":"*","agent":"*",` +
+		`"issued":"9999-12-31T23:00:00-23:59","expires":"9999-12-31T23:59:59-23:59",` +
+		`"nonce":"00000000000000000000000000000000","reason":"x"},"signatures":[]}`)
+	cs := newChannelServer(t, map[string][]byte{"bomb.json": bomb})
+	c := pollingCaged(t, s, cs)
+	cs.waitPolls(t, 3)
+	cl := c.Client()
+	ctx := context.Background()
+	if _, err := cl.Status(ctx); err != nil {
+		t.Fatalf("caged after serving the feed: %v", err)
+	}
+	list, err := cl.ControlAcks(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 1 || list[0].Status != control.StatusRejected || !strings.Contains(list[0].Reason, "malformed") || list[0].SHA256 != control.HashBytes(bomb) {
+		t.Fatalf("acks %+v, want one rejected as malformed", list)
+	}
+	for _, call := range c.SD.Calls() {
+		if strings.Contains(call, "KillUnit") {
+			t.Errorf("the unsigned command reached systemd: %s", call)
+		}
 	}
 }

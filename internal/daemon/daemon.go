@@ -126,7 +126,8 @@ type Daemon struct {
 	// fetched, unverified (the consumer verifies them; docs/fleet.md).
 	controlFeed func(ctx context.Context, cmds []channel.Control)
 	consoles    map[string]*console
-	shells      map[string]*shell // open shells by unit (cagectl shell)
+	shells      map[string]*shell    // open shells by unit (cagectl shell)
+	turns       map[string]*turnLane // one queue of turns per agent (turn.go)
 	slicesOnce  sync.Once
 	ctl         controlState // signed control commands (control.go)
 }

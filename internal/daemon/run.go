@@ -447,7 +447,7 @@ func (d *Daemon) launchRun(ctx context.Context, r *run, agent *config.Agent, sto
 // directory" (found by checks/system).
 func (d *Daemon) holdSlices(ctx context.Context) {
 	d.slicesOnce.Do(func() {
-		for _, tpl := range append(reconcile.AgentUnits("x"), paths.Instance(paths.BindsTemplate, "x")) {
+		for _, tpl := range append(reconcile.AgentUnits("x"), paths.Instance(paths.BindsTemplate, "x"), paths.Instance(paths.TurnTemplate, "x")) {
 			prefix, _, _ := strings.Cut(tpl, "@")
 			slice := "system-" + strings.ReplaceAll(prefix, "-", `\x2d`) + ".slice"
 			if err := d.units.Start(ctx, slice); err != nil {

@@ -35,6 +35,10 @@ type Harness struct {
 	Binary string
 	// Tested is the CLI version the scaffold was proven with.
 	Tested string
+	// TurnCommand runs one turn (docs/relay.md): the text on stdin, the
+	// answer on stdout, resuming the previous conversation in the
+	// workspace. nil: none proven (turn_command needed).
+	TurnCommand []string
 }
 
 // NotePath is where every harness finds the note, whatever else reads it.
@@ -78,6 +82,10 @@ var harnesses = map[string]Harness{
 		},
 		Binary: "/nix/tools/bin/claude",
 		Tested: "@anthropic-ai/claude-code 2.1.332",
+		// -p reads the prompt from stdin; --continue resumes the most
+		// recent conversation in the working directory and starts one
+		// when there is none (checked on 2.1.332).
+		TurnCommand: []string{"/nix/tools/bin/claude", "-p", "--continue"},
 	},
 	"codex": {
 		Name: "codex", Policy: "codex", Secret: "openai", Env: "CODEX_API_KEY",
@@ -99,6 +107,11 @@ enabled = false
 		},
 		Binary: "/nix/tools/bin/codex",
 		Tested: "@openai/codex 0.171.0",
+		// "-" reads the prompt from stdin; resume --last takes the most
+		// recent session and starts one when there is none; exec refuses
+		// a workspace that is not a git repository without the flag
+		// (checked on 0.171.0).
+		TurnCommand: []string{"/nix/tools/bin/codex", "exec", "resume", "--last", "--skip-git-repo-check", "-"},
 	},
 	"gemini": {
 		Name: "gemini", Policy: "gemini", Secret: "gemini", Env: "GEMINI_API_KEY",

@@ -70,7 +70,10 @@ const (
 	DNSSocketTpl   = "cage-egress-dns@.socket"
 	EgressTemplate = "cage-egress@.service"
 	AgentTemplate  = "nixcage-agent@.service"
-	RelayUnit      = "cage-relay.service"
+	// TurnTemplate names the transient unit of one turn of an agent
+	// (docs/relay.md); no unit file of that name is ever installed.
+	TurnTemplate = "nixcage-turn@.service"
+	RelayUnit    = "cage-relay.service"
 )
 
 // The chat relay (cage-relay, docs/relay.md). It runs as a fixed system

@@ -98,9 +98,12 @@ func (r *renderer) agent(a *config.Agent) error {
 		"MemoryMax", a.Resources.Memory,
 		"TasksMax", strconv.Itoa(a.Resources.Tasks),
 	)
-	if r.run == nil {
+	switch {
+	case r.turn != nil:
+		svc.add(r.turn.service()...)
+	case r.run == nil:
 		svc.add("Restart", "on-failure", "RestartSec", "5")
-	} else {
+	default:
 		// A throw-away cage runs its command once: restarting it would run
 		// the user's command again behind their back.
 		svc.add("Restart", "no")
@@ -138,6 +141,9 @@ func (r *renderer) agent(a *config.Agent) error {
 	if r.run != nil {
 		desc = fmt.Sprintf("nixcage throw-away cage %s (%s backend)", a.Name, a.Backend)
 	}
+	if r.turn != nil {
+		desc = fmt.Sprintf("nixcage turn of agent %s (%s backend)", a.Name, a.Backend)
+	}
 	unitSec := sec("Unit",
 		"Description", desc,
 		"Requires", deps,
@@ -146,7 +152,7 @@ func (r *renderer) agent(a *config.Agent) error {
 		// rather than end up somewhere with a route.
 		"BindsTo", paths.Instance(paths.NetnsTemplate, a.Name),
 	)
-	if r.run == nil {
+	if r.run == nil && r.turn == nil {
 		unitSec.add("PartOf", paths.TargetUnit)
 	}
 	if a.Backend != config.BackendService && r.run == nil {
@@ -326,7 +332,7 @@ func (r *renderer) serviceBackend(a *config.Agent) section {
 	} else {
 		s.add(r.run.serviceBinds()...)
 	}
-	s.add(serviceView(a)...)
+	s.add(serviceView(r.agentUnit(a))...)
 	// PrivateDevices= binds the host's devpts into the private /dev
 	// (systemd 252 has no devpts of the unit's own): the cage saw every
 	// terminal of the host, could open one whose mode let it, and could
@@ -387,7 +393,7 @@ func (r *renderer) nspawnBackend(a *config.Agent) section {
 		// makes nspawn itself fail (exit 255). cage-seal refuses it too.
 		"--system-call-filter=~" + ioURing,
 		"--as-pid2", "--console=" + r.console(a),
-		"--machine=nixcage-" + a.Name,
+		"--machine=" + r.cageName(a),
 		"--chdir=" + paths.CageWorkspace,
 		"--bind-ro=" + r.bin("cage-seal") + ":" + paths.CageSeal,
 	}
@@ -506,7 +512,7 @@ func fnv32(s string) uint32 {
 // cgroups require) in a user namespace of its own, inside the agent unit's
 // cgroup.
 func (r *renderer) podmanBackend(a *config.Agent) section {
-	name := "nixcage-" + a.Name
+	name := r.cageName(a)
 	base := strconv.Itoa(r.userNSBase(a.Name))
 	argv := []string{
 		"--rm", "--replace", "--name", name,
@@ -534,6 +540,10 @@ func (r *renderer) podmanBackend(a *config.Agent) section {
 		"--volume=" + a.Workspace + ":" + paths.CageWorkspace + ":rw",
 		"--volume=" + r.bin("cage-seal") + ":" + paths.CageSeal + ":ro",
 		"--tmpfs=/tmp:rw,nosuid,nodev",
+	}
+	if r.turn != nil {
+		// podman passes its stdin (the turn's text) only when asked.
+		argv = append([]string{"--interactive"}, argv...)
 	}
 	for _, b := range r.cageBinds(a) {
 		if b[2] == "" {
@@ -595,8 +605,9 @@ var podmanMasked = []string{"/sys/fs/cgroup", "/sys/class/net", "/sys/devices"}
 //     every service cage and every local user shared one sticky directory,
 //     a channel around every gateway (red team): a tmpfs of the cage's own
 //     (its pages are charged to the cage's memory limit).
-func serviceView(a *config.Agent) []string {
-	own := "/sys/fs/cgroup/system.slice/" + sliceOf(paths.AgentTemplate) + "/" + paths.Instance(paths.AgentTemplate, a.Name)
+func serviceView(unit string) []string {
+	tpl := unit[:strings.IndexByte(unit, '@')+1] + unit[strings.LastIndexByte(unit, '.'):]
+	own := "/sys/fs/cgroup/system.slice/" + sliceOf(tpl) + "/" + unit
 	return []string{
 		"TemporaryFileSystem", "/var/lib:ro /sys/class/net:ro /sys/devices:ro",
 		"TemporaryFileSystem", "/dev/shm:mode=1777,nosuid,nodev",

@@ -9,6 +9,7 @@
 package render
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -87,6 +88,7 @@ type renderer struct {
 	o     Options
 	files []File
 	run   *Throwaway // set when rendering a throw-away cage
+	turn  *Turn      // set when rendering one turn of an agent
 }
 
 func (r *renderer) add(path string, mode os.FileMode, data []byte) {
@@ -128,7 +130,18 @@ func serialize(sections []section) []byte {
 	return b
 }
 
+// OptionsFile is where a render records its Options, relative to the
+// prefix: caged renders each turn's unit (RenderTurn) with the options the
+// agents' own units were rendered with, which under --units os (NixOS, or
+// cagectl render --out /etc) only the rendered tree knows.
+const OptionsFile = "nixcage/render-options.json"
+
 func (r *renderer) all() error {
+	opts, err := json.MarshalIndent(r.o, "", "  ")
+	if err != nil {
+		return err
+	}
+	r.add(OptionsFile, 0o644, append(opts, '\n'))
 	r.caged()
 	r.templates()
 	r.target()

@@ -51,6 +51,10 @@ func (r *renderer) caged() {
 		// writable under ProtectSystem=strict; create it with full
 		// privileges ("+") so ReadWritePaths= below can open it up.
 		"ExecStartPre", "+/bin/mkdir -p /run/tmpfiles.d",
+		// Likewise the parent of service agents' workspaces (systemd makes
+		// it, 0700, when the first one starts, possibly after caged), so
+		// that cagectl put can write there (docs/relay.md).
+		"ExecStartPre", `+/bin/sh -c "umask 077 && mkdir -p /var/lib/private/nixcage"`,
 		// By default the units were rendered together with this one, so
 		// caged only manages their lifecycle ("os"); "render" is for a caged
 		// installed alone that renders into /run itself.
@@ -76,6 +80,24 @@ func (r *renderer) caged() {
 		// (caged can already write units systemd runs as root, under /run;
 		// /etc adds no privilege, only persistence.)
 		"ReadWritePaths", "-"+storeRoot+" -/run/systemd/system -/run/tmpfiles.d -/etc/nixcage -/etc/systemd/system -/etc/tmpfiles.d",
+	)
+	// cagectl put saves into agents' workspaces (docs/relay.md). The
+	// default ones are under StateDirectory= or, for service agents,
+	// systemd's /var/lib/private/nixcage; others are listed one by one (an
+	// agent with its own workspace added later needs this unit
+	// re-installed before files can be put there).
+	rw := []string{"-/var/lib/private/nixcage"}
+	for _, a := range r.cfg.Agents {
+		if strings.HasPrefix(a.Workspace, "/var/lib/nixcage/") {
+			continue
+		}
+		rw = append(rw, "-"+a.Workspace)
+		if a.Backend == config.BackendService {
+			rw = append(rw, "-/var/lib/private/"+stateDir(a.Workspace))
+		}
+	}
+	svc.add("ReadWritePaths", strings.Join(rw, " "))
+	svc.add(
 		"PrivateNetwork", "no", // fetches releases by URL
 		"RestrictAddressFamilies", "AF_UNIX AF_INET AF_INET6",
 		"IPAddressDeny", "link-local multicast",
@@ -84,6 +106,9 @@ func (r *renderer) caged() {
 		"CapabilityBoundingSet", "CAP_DAC_READ_SEARCH CAP_DAC_OVERRIDE CAP_CHOWN CAP_FOWNER CAP_FSETID",
 		"SystemCallFilter", "@system-service",
 		"SystemCallFilter", denySyscalls,
+		// Back from @privileged: files put into a workspace are handed to
+		// the agent's user (docs/relay.md); CAP_CHOWN is granted above.
+		"SystemCallFilter", "@chown",
 		"SystemCallErrorNumber", "EPERM",
 		"MemoryDenyWriteExecute", "yes",
 		"DevicePolicy", "closed",

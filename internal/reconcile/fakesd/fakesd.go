@@ -43,6 +43,8 @@ type Systemd struct {
 	units  map[string]*unitState
 	loaded map[string][]byte // unit file bytes as of the last Reload
 	jobID  uint32
+	// transient units by name (StartTransientUnit)
+	transient map[string]*Transient
 }
 
 type unitState struct{ active, sub string }
@@ -207,6 +209,9 @@ func (s *Systemd) start(name string, seen map[string]bool) *dbus.Error {
 // stop deactivates name and every active unit that Requires= it.
 func (s *Systemd) stop(name string) {
 	s.set(name, "inactive", "dead")
+	if t := s.transient[name]; t != nil {
+		t.closeStdio()
+	}
 	for other, st := range s.units {
 		if st.active != "active" {
 			continue
@@ -329,7 +334,7 @@ func (m manager) ListUnitsByNames(names []string) ([]UnitStatus, *dbus.Error) {
 	out := make([]UnitStatus, 0, len(names))
 	for _, n := range names {
 		load := "loaded"
-		if _, ok := s.file(n); !ok {
+		if _, ok := s.file(n); !ok && s.transient[n] == nil {
 			load = "not-found"
 		}
 		st := s.state(n)
@@ -390,4 +395,138 @@ func (m manager) Subscribe() *dbus.Error { return nil }
 
 func (m manager) GetUnit(name string) (dbus.ObjectPath, *dbus.Error) {
 	return unitPath(name), nil
+}
+
+// Transient is a unit started with StartTransientUnit: its properties and
+// the stdio descriptors it was given (nil where none), which the test plays
+// the unit's process with.
+type Transient struct {
+	Name  string
+	Props map[string]any
+	Stdio [3]*os.File
+
+	code, status int32
+	result       string
+}
+
+type transientProp struct {
+	Name  string
+	Value dbus.Variant
+}
+
+type transientAux struct {
+	Name  string
+	Props []transientProp
+}
+
+// StartTransientUnit starts a unit with no file of its own (drop-ins, as
+// systemd would read them, are not interpreted): it records the call and
+// keeps the stdio descriptors for the test.
+func (m manager) StartTransientUnit(name, mode string, props []transientProp, aux []transientAux) (dbus.ObjectPath, *dbus.Error) {
+	s := m.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.record("StartTransientUnit %s", name)
+	if st := s.state(name); st.active == "active" || st.active == "failed" {
+		return "", &dbus.Error{Name: "org.freedesktop.systemd1.UnitExists", Body: []any{fmt.Sprintf("Unit %s was already loaded or has a fragment file.", name)}}
+	}
+	tr := &Transient{Name: name, Props: map[string]any{}}
+	for _, p := range props {
+		v := p.Value.Value()
+		tr.Props[p.Name] = v
+		if fd, ok := v.(dbus.UnixFD); ok {
+			f := os.NewFile(uintptr(fd), name+" "+p.Name)
+			switch p.Name {
+			case "StandardInputFileDescriptor":
+				tr.Stdio[0] = f
+			case "StandardOutputFileDescriptor":
+				tr.Stdio[1] = f
+			case "StandardErrorFileDescriptor":
+				tr.Stdio[2] = f
+			default:
+				f.Close()
+			}
+		}
+	}
+	if s.transient == nil {
+		s.transient = map[string]*Transient{}
+	}
+	if old := s.transient[name]; old != nil {
+		old.closeStdio()
+	}
+	s.transient[name] = tr
+	_ = s.conn.Export(unitProps{s, name}, unitPath(name), "org.freedesktop.DBus.Properties")
+	s.set(name, "active", "running")
+	return s.job(name, "done"), nil
+}
+
+func (t *Transient) closeStdio() {
+	for i, f := range t.Stdio {
+		if f != nil {
+			f.Close()
+			t.Stdio[i] = nil
+		}
+	}
+}
+
+// Transient returns the last transient unit started under name, or nil.
+func (s *Systemd) Transient(name string) *Transient {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.transient[name]
+}
+
+// Finish plays a transient unit's process ending: it writes stdout, closes
+// its stdio and exits with status (the unit stays loaded, as with
+// RemainAfterExit=yes: active/exited on 0, failed otherwise).
+func (s *Systemd) Finish(name, stdout string, status int32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t := s.transient[name]
+	if t == nil {
+		return
+	}
+	if t.Stdio[1] != nil && stdout != "" {
+		t.Stdio[1].WriteString(stdout)
+	}
+	t.closeStdio()
+	t.code, t.status, t.result = 1, status, "success"
+	if status != 0 {
+		t.result = "exit-code"
+		s.set(name, "failed", "failed")
+		return
+	}
+	s.set(name, "active", "exited")
+}
+
+// unitProps serves org.freedesktop.DBus.Properties of a transient unit:
+// the Service properties caged reads for an exit status.
+type unitProps struct {
+	s    *Systemd
+	name string
+}
+
+func (u unitProps) GetAll(iface string) (map[string]dbus.Variant, *dbus.Error) {
+	u.s.mu.Lock()
+	defer u.s.mu.Unlock()
+	out := map[string]dbus.Variant{}
+	t := u.s.transient[u.name]
+	if t == nil || iface != "org.freedesktop.systemd1.Service" {
+		return out, nil
+	}
+	out["ExecMainCode"] = dbus.MakeVariant(t.code)
+	out["ExecMainStatus"] = dbus.MakeVariant(t.status)
+	out["Result"] = dbus.MakeVariant(t.result)
+	return out, nil
+}
+
+func (u unitProps) Get(iface, prop string) (dbus.Variant, *dbus.Error) {
+	all, err := u.GetAll(iface)
+	if err != nil {
+		return dbus.Variant{}, err
+	}
+	if v, ok := all[prop]; ok {
+		return v, nil
+	}
+	return dbus.Variant{}, &dbus.Error{Name: "org.freedesktop.DBus.Error.UnknownProperty", Body: []any{prop}}
 }
