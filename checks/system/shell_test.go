@@ -27,7 +27,9 @@ const ptsProbe = `test -t 0 && echo has-terminal; echo pts:$(ls /dev/pts); for f
 // see of the host's terminals (ptsProbe): svc without a terminal, itty
 // with the one caged holds for it. The nspawn agent keeps trying to
 // write to every terminal behind its PID namespace's /proc/PID/fd/0-2,
-// which includes an admin's shell's (red team).
+// which includes an admin's shell's (red team); its sleep 3600 is always
+// there for the shell's PID-namespace check (the loop's own sleep 0.2 is
+// not: the check missed it once between two rounds).
 const shellConfig = `
 egress_policy "p" {
   allow = ["api.example.com"]
@@ -47,7 +49,7 @@ agent "itty" {
 }
 agent "box" {
   backend   = "nspawn"
-  command   = ["/bin/sh", "-c", "while :; do for f in /proc/[0-9]*/fd/0 /proc/[0-9]*/fd/1 /proc/[0-9]*/fd/2; do l=$(readlink $f); case $l in *pts*|*tty*|*console*) if (echo AGENT-WROTE > $f) 2>/dev/null; then echo wrote:$l; else echo refused:$l; fi;; esac; done; sleep 0.2; done"]
+  command   = ["/bin/sh", "-c", "sleep 3600 & while :; do for f in /proc/[0-9]*/fd/0 /proc/[0-9]*/fd/1 /proc/[0-9]*/fd/2; do l=$(readlink $f); case $l in *pts*|*tty*|*console*) if (echo AGENT-WROTE > $f) 2>/dev/null; then echo wrote:$l; else echo refused:$l; fi;; esac; done; sleep 0.2; done"]
   egress    = "p"
   autostart = false
 }
