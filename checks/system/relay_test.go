@@ -70,7 +70,7 @@ const (
 const relayTurn = `turn_command = ["/bin/sh", "-c", "read -r line; case $line in *slowly*) sleep 5;; esac; n=$(cat /workspace/turns 2>/dev/null | wc -l); echo x >> /workspace/turns; echo \"turn $n heard: $line\"; ls /workspace/inbox 2>/dev/null"]`
 
 func relayHCL(role, agents string) string {
-	return strings.NewReplacer("${role}", role, "${agents}", agents, "${turn}", relayTurnConfig).Replace(relayConfig)
+	return strings.NewReplacer("${role}", role, "${agents}", agents, "${turn}", relayTurn).Replace(relayConfig)
 }
 
 // tarDir packs a release directory as an owner would send it:
@@ -291,9 +291,7 @@ func TestRelayOnSystemd(t *testing.T) {
 	}
 	waitActive(systest.AgentUnit("alpha"))
 
-	if relayTurns {
-		relayTurnsAndFiles(t, say, sendDoc, reply)
-	}
+	relayTurnsAndFiles(t, say, sendDoc, reply)
 
 	// 429: the relay waits retry_after, then answers.
 	if err := tg.Inject(ctx, tgfake.Fault{Method: "sendMessage", Code: 429, Description: "Too Many Requests: retry after 2", RetryAfter: 2, Times: 1}); err != nil {
@@ -386,10 +384,8 @@ func TestRelayOnSystemd(t *testing.T) {
 	evCmd.Wait()
 	evMu.Lock()
 	defer evMu.Unlock()
-	want := map[string]bool{"start refused not an owner": false, "status ok": false, "start ok": false, "apply refused": false, "apply ok": false}
-	if relayTurns {
-		want["turn ok"], want["upload ok"], want["get ok"] = false, false, false
-	}
+	want := map[string]bool{"start refused not an owner": false, "status ok": false, "start ok": false, "apply refused": false, "apply ok": false,
+		"turn ok": false, "upload ok": false, "get ok": false}
 	for _, ev := range relayEvents {
 		if !strings.HasPrefix(ev.Data["by"], "cage-relay (uid") {
 			t.Errorf("event not stamped with the relay's account: %+v", ev)
@@ -414,12 +410,6 @@ func TestRelayOnSystemd(t *testing.T) {
 func execCommand(name string, args ...string) ([]byte, error) {
 	return exec.Command(name, args...).CombinedOutput()
 }
-
-// relayTurns: caged implements turns and workspace files (docs/relay.md,
-// caged's side); until then the relay's half is shown by the unit tier.
-const relayTurns = false
-
-var relayTurnConfig = map[bool]string{true: relayTurn, false: ""}[relayTurns]
 
 // relayTurnsAndFiles: a file into the inbox, a turn that sees it, the
 // file back, and a path outside the workspace refused.

@@ -64,6 +64,12 @@ account "viewers" {
 // the key variable it sees.
 const turnScript = `#!/bin/sh
 text=$(cat)
+if [ "$text" = "raw bytes please" ]; then
+	# What a harness may print: UTF-8, bytes that are not UTF-8, a NUL.
+	printf 'caf\303\251 \377\376 not utf-8 \000 nul end\n'
+	printf 'on stderr \377\n' >&2
+	exit 0
+fi
 n=$(cat /workspace/turns 2>/dev/null || echo 0)
 n=$((n+1))
 echo "$n" > /workspace/turns
@@ -245,6 +251,18 @@ func testScriptedTurns(t *testing.T, ctx context.Context, m *systest.Machine, in
 	}
 	if !strings.Contains(out, "evil: 403/") && !strings.Contains(out, "/403\n") {
 		t.Errorf("the refused host was not answered 403 by the gateway:\n%s", out)
+	}
+	// The harness's output is the agent's bytes: invalid UTF-8 and a NUL
+	// cannot go into a D-Bus string, and must not cost the caller the
+	// reply (red team: the call failed, "destination tried to respond
+	// with invalid message", and the turn's reply was lost).
+	// Six of them in a row, as a quick chat would: each turn starts the
+	// store bind check again (its Requires=), which systemd's default
+	// start limit (5 in 10 s) failed, and the turn with it (red team).
+	for i := range 6 {
+		if out, code := as("runner", "", "say", agent, "raw bytes please"); code != 0 || !strings.Contains(out, "caf\u00e9 ") || !strings.Contains(out, " not utf-8 ") || !strings.Contains(out, " nul end") || strings.Contains(out, "\x00") {
+			t.Fatalf("quick turn %d, printing bytes that are not UTF-8: exit %d: %q", i+1, code, out)
+		}
 	}
 	// A text a shell would run: the harness gets it as bytes, nothing runs.
 	evil := "$(touch /tmp/pwned); ; rm -rf /workspace `touch /tmp/pwned2`"

@@ -411,7 +411,7 @@ func (d *Daemon) storeFreshness() store.Freshness {
 // Apply verifies a release and makes it current. Running agents keep the
 // generation they started with until restarted; status shows which.
 func (d *Daemon) Apply(ctx context.Context, source, by string) (*bus.ApplyResult, error) {
-	d.op.Lock()
+	d.lockOp()
 	defer d.op.Unlock()
 	var progress func(store.Progress)
 	if f := bus.ProgressFrom(ctx); f != nil { // the caller sees how far it is
@@ -489,7 +489,7 @@ func (d *Daemon) storeFailure(op, source, by string, err error) error {
 
 // Rollback switches the store to an older kept generation.
 func (d *Daemon) Rollback(ctx context.Context, to uint64, force bool, by string) (uint64, uint64, error) {
-	d.op.Lock()
+	d.lockOp()
 	defer d.op.Unlock()
 	s, err := d.openStore(false)
 	if err != nil {

@@ -22,6 +22,11 @@ import (
 // ever. An hour is far above any real closure on a working link.
 const channelApplyTimeout = time.Hour
 
+var (
+	errChannelApplyTimeout = errors.New("the channel apply did not finish within " + channelApplyTimeout.String())
+	errYieldToAdmin        = errors.New("the channel apply was stopped for an admin's action (apply, rollback, reload); the next poll retries it")
+)
+
 // channelState is the poller and what the status reads of it.
 type channelState struct {
 	poller *channel.Poller
@@ -152,9 +157,12 @@ func (d *Daemon) pollRelease(ctx context.Context, cl *channel.Client, ix *channe
 	if ix.Generation == cur {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, channelApplyTimeout)
-	defer cancel()
+	ctx, done := d.channelApplyContext(ctx)
+	defer done()
 	_, err = d.applySource(ctx, cl.Release(ix), channelBy(cl))
+	if c := context.Cause(ctx); err != nil && (c == errYieldToAdmin || c == errChannelApplyTimeout) && !strings.Contains(err.Error(), c.Error()) {
+		err = fmt.Errorf("%w (%v)", c, err)
+	}
 	var ref *release.Refusal
 	if errors.As(err, &ref) && ix.Generation > cur && keptGeneration(s, ix.Generation) {
 		// An operator rolled back from this very generation: the rollback

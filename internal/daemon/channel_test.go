@@ -386,3 +386,100 @@ store {
 		t.Fatalf("after recovering: %+v, freshness %s %s", st.ChannelPoll, st.Freshness, st.FreshnessMessage)
 	}
 }
+
+// TestChannelSlowNARDoesNotLockOutOperator (red team, fails on main): a
+// channel server holding no key serves the newest genuinely signed release
+// (it has it: it is the channel) but trickles its NARs one byte at a time,
+// each inside the idle timeout. caged applies from the channel holding the
+// daemon's operation lock for up to channelApplyTimeout (an hour), so for
+// that hour an operator's reload, apply, rollback or agent restart waits
+// behind the server's download: the publisher decides when the operator
+// may act. The operator's reload must not wait on a channel download.
+func TestChannelSlowNARDoesNotLockOutOperator(t *testing.T) {
+	releasetest.RequireNix(t)
+	sk, _, pubPath := releasetest.Key(t, release.AlgEd25519)
+	chanDir := t.TempDir()
+	var trickle atomic.Bool
+	narAsked := make(chan struct{}, 64)
+	stop := make(chan struct{})
+	files := http.FileServer(http.Dir(chanDir))
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if trickle.Load() && strings.HasPrefix(r.URL.Path, "/nar/") {
+			b, err := os.ReadFile(filepath.Join(chanDir, filepath.FromSlash(r.URL.Path)))
+			if err != nil {
+				http.NotFound(w, r)
+				return
+			}
+			narAsked <- struct{}{}
+			w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+			w.WriteHeader(http.StatusOK)
+			for i := range b {
+				select {
+				case <-stop:
+					panic(http.ErrAbortHandler)
+				case <-r.Context().Done():
+					return
+				case <-time.After(500 * time.Millisecond):
+				}
+				w.Write(b[i : i+1])
+				w.(http.Flusher).Flush()
+			}
+			return
+		}
+		files.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	defer close(stop)
+	ctx := context.Background()
+	publish := func(gen uint64) {
+		t.Helper()
+		top := releasetest.Closure(t, fmt.Sprintf("slow-%d", gen), 8<<10)
+		out := filepath.Join(t.TempDir(), "rel")
+		if _, err := release.Create(ctx, release.CreateOptions{StorePath: top, Keys: []*release.PrivateKey{sk},
+			Channel: "stable", Generation: gen, Expires: releasetest.Expires(), Out: out, Compression: "none"}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := channel.Publish(ctx, out, chanDir); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const storeBlock = `
+store {
+  channel = "stable"
+  keys    = ["/etc/nixcage/release.pub"]
+}
+`
+	c := daemontest.Start(t, storeBlock)
+	pub, err := os.ReadFile(pubPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.MkdirAll(c.Path("/etc/nixcage"), 0o755)
+	if err := os.WriteFile(c.Path("/etc/nixcage/release.pub"), pub, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.WriteConfig(storeBlock + fmt.Sprintf("channel {\n  url = %q\n  interval = \"1s\"\n}\n", srv.URL+"/"))
+	c.Restart()
+	h := channelHost{name: "host", c: c, cl: c.Client()}
+	publish(1)
+	waitChannel(t, h, "generation 1 applied", func(st *bus.Status) bool { return st.Generation == 1 })
+
+	trickle.Store(true)
+	publish(2)
+	select {
+	case <-narAsked:
+	case <-time.After(60 * time.Second):
+		t.Fatal("caged never fetched generation 2's NARs")
+	}
+	rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if err := h.cl.Reload(rctx); err != nil {
+		t.Fatalf("the operator's reload while the channel server trickles a NAR: %v (it waits on caged's operation lock, held by the channel apply for up to an hour)", err)
+	}
+	// The stopped apply is a failed poll saying why, and the next poll
+	// retries it: once the server serves, generation 2 arrives.
+	trickle.Store(false)
+	waitChannel(t, h, "generation 2 applied after the operator's reload", func(st *bus.Status) bool {
+		return st.Generation == 2 && st.ChannelPoll.LastError == ""
+	})
+}

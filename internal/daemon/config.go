@@ -43,7 +43,7 @@ func (d *Daemon) ApplyConfig(ctx context.Context, srcs []bus.ConfigSource, dryRu
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", bus.ErrInvalid, err)
 	}
-	d.op.Lock()
+	d.lockOp()
 	defer d.op.Unlock()
 	plan, err := rec.Plan(ctx, cfg)
 	if err != nil {

@@ -107,8 +107,14 @@ type Daemon struct {
 	conn  *dbus.Conn
 
 	// op serializes operations that change the host: reconcile, quarantine,
-	// apply, rollback. Reads never take it.
+	// apply, rollback. Reads never take it. Admin actions take it with
+	// lockOp.
 	op sync.Mutex
+	// chApply cancels the channel apply holding op (nil when none);
+	// opWaiting counts operators waiting in lockOp. Both under chMu.
+	chMu      sync.Mutex
+	chApply   context.CancelFunc
+	opWaiting int
 
 	mu             sync.RWMutex
 	cfg            *config.Config
@@ -322,7 +328,7 @@ func (d *Daemon) reconcileErrString() string {
 
 // reconcile applies the current config and records the outcome.
 func (d *Daemon) reconcile(ctx context.Context, why string) error {
-	d.op.Lock()
+	d.lockOp()
 	defer d.op.Unlock()
 	res, err := d.rec.Apply(ctx, d.config())
 	d.recordReconcile(ctx, res, err)
@@ -534,3 +540,45 @@ const startupReconcileTimeout = 60 * time.Second
 const stateRefresh = 30 * time.Second
 
 var errNoStore = errors.New("no store block in the configuration: declare store { channel = ..., keys = [...] } to accept releases")
+
+// lockOp takes op for an admin's action on the appliance (apply, rollback,
+// apply-config, reload) and the start's reconcile. A channel apply holding
+// it is canceled first and retried at the next poll: the channel server,
+// not trusted, must not decide how long an admin waits (trickling a signed
+// release's NARs would hold op for channelApplyTimeout). Operator actions
+// (an agent restart, a secret rotation) still wait: an operator scoped to
+// one agent, such as the chat relay, must not be able to starve the
+// channel's updates by restarting its agent in a loop.
+func (d *Daemon) lockOp() {
+	d.chMu.Lock()
+	d.opWaiting++
+	if d.chApply != nil {
+		d.chApply()
+	}
+	d.chMu.Unlock()
+	d.op.Lock()
+	d.chMu.Lock()
+	d.opWaiting--
+	d.chMu.Unlock()
+}
+
+// channelApplyContext is the context of a channel apply holding op: done
+// at once if an operator is waiting, and when one starts to.
+func (d *Daemon) channelApplyContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeoutCause(ctx, channelApplyTimeout, errChannelApplyTimeout)
+	ctx, yield := context.WithCancelCause(ctx)
+	stop := func() { yield(errYieldToAdmin) }
+	d.chMu.Lock()
+	d.chApply = stop
+	if d.opWaiting > 0 {
+		stop()
+	}
+	d.chMu.Unlock()
+	return ctx, func() {
+		d.chMu.Lock()
+		d.chApply = nil
+		d.chMu.Unlock()
+		yield(nil)
+		cancel()
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	sdbus "github.com/coreos/go-systemd/v22/dbus"
 	"github.com/godbus/dbus/v5"
@@ -299,7 +300,20 @@ func (d *Daemon) runTurn(ctx context.Context, a *config.Agent, argv []string, te
 		}
 		res.Reply += "--- stderr ---\n" + tail.String()
 	}
+	res.Reply = busString(res.Reply)
 	return res, nil
+}
+
+// busString makes the harness's output a string D-Bus can carry: valid
+// UTF-8 without NUL (the spec's rule, which godbus enforces by replacing
+// the whole reply with an error). Invalid bytes (a binary dump, a cut at
+// the reply limit or in the stderr tail inside a character) and NULs
+// become U+FFFD; everything else is the reply as printed.
+func busString(s string) string {
+	if utf8.ValidString(s) && !strings.Contains(s, "\x00") {
+		return s
+	}
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
 }
 
 // installTurn writes the turn unit's drop-in (render.RenderTurn) for the

@@ -371,3 +371,20 @@ func TestTurnEndsWithItsCallerOrAKill(t *testing.T) {
 		t.Fatalf("turn unit is %s after a kill, want stopped", a)
 	}
 }
+
+// TestTurnReplyIsABusString: a harness printing bytes that are not UTF-8,
+// or a NUL, still gets its reply to the caller (red team: godbus replaced
+// the reply with "destination tried to respond with invalid message").
+// The same as the caged agent on a booted systemd: checks/system TestTurns.
+func TestTurnReplyIsABusString(t *testing.T) {
+	c := daemontest.Start(t, turnAgents)
+	cl := c.Client()
+	c.SD.Reset()
+	r := goTurn(cl, "hi")
+	waitTransient(t, c.SD, 1)
+	c.SD.Finish(turnUnit, "caf\u00e9 \xff\xfe not utf-8 \x00 nul end\n", 0)
+	got := <-r
+	if want := "caf\u00e9 \uFFFD not utf-8 \uFFFD nul end\n"; got.err != nil || got.res.Status != bus.TurnSuccess || got.res.Reply != want {
+		t.Fatalf("turn = %+v, %v; want success and %q", got.res, got.err, want)
+	}
+}

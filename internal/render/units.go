@@ -232,6 +232,12 @@ func (r *renderer) templates() {
 			"Conflicts", "shutdown.target",
 			"Before", "shutdown.target",
 			"After", "local-fs.target",
+			// It runs at every start of the agent and of each turn (its
+			// Requires=): systemd's default start limit (5 in 10 s) made
+			// the sixth quick chat turn fail "dependency", and the agent's
+			// own start with it (red team). The agent's unit has its own
+			// limit and turns run one at a time; the check is no loop.
+			"StartLimitIntervalSec", "0",
 		),
 		binds,
 	)
