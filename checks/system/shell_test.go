@@ -17,25 +17,39 @@ import (
 	"github.com/nixcage/nixcage/internal/testenv"
 )
 
+// ptsProbe is what a service cage reports of the host's terminals, as the
+// agent: whether it has a terminal of its own, the names in its /dev/pts
+// and every one of them (and /dev/ptmx, which allocates a pty) it can open.
+const ptsProbe = `test -t 0 && echo has-terminal; echo pts:$(ls /dev/pts); for f in /dev/ptmx /dev/pts/*; do (echo owned > $f) 2>/dev/null && echo opened:$f; done; echo probe-done`
+
 // shellConfig: a service and an nspawn agent to shell into, an admin
-// (shadmin) and an operator (runner). The service agent reports what it
-// sees of the host's terminals, as the agent: the terminal names in its
-// /dev/pts and every one it can open. The nspawn agent keeps trying to
+// (shadmin) and an operator (runner). The service agents report what they
+// see of the host's terminals (ptsProbe): svc without a terminal, itty
+// with the one caged holds for it. The nspawn agent keeps trying to
 // write to every terminal behind its PID namespace's /proc/PID/fd/0-2,
-// which includes an admin's shell's (red team).
+// which includes an admin's shell's (red team); its sleep 3600 is always
+// there for the shell's PID-namespace check (the loop's own sleep 0.2 is
+// not: the check missed it once between two rounds).
 const shellConfig = `
 egress_policy "p" {
   allow = ["api.example.com"]
 }
 agent "svc" {
   backend   = "service"
-  command   = ["/bin/sh", "-c", "echo \"pts:$(ls /dev/pts 2>&1 | tr '\\n' ' ')\"; for f in /dev/ptmx /dev/pts/*; do if (echo owned > $f) 2>/dev/null; then echo opened:$f; fi; done; echo probe-done; exec sleep 3600"]
+  command   = ["/bin/sh", "-c", "` + ptsProbe + `; exec sleep 3600"]
   egress    = "p"
   autostart = false
 }
+agent "itty" {
+  backend     = "service"
+  command     = ["/bin/sh", "-c", "` + ptsProbe + `; exec sleep 3600"]
+  egress      = "p"
+  interactive = true
+  autostart   = false
+}
 agent "box" {
   backend   = "nspawn"
-  command   = ["/bin/sh", "-c", "while :; do for f in /proc/[0-9]*/fd/0 /proc/[0-9]*/fd/1 /proc/[0-9]*/fd/2; do l=$(readlink $f); case $l in *pts*|*tty*|*console*) if (echo AGENT-WROTE > $f) 2>/dev/null; then echo wrote:$l; else echo refused:$l; fi;; esac; done; sleep 0.2; done"]
+  command   = ["/bin/sh", "-c", "sleep 3600 & while :; do for f in /proc/[0-9]*/fd/0 /proc/[0-9]*/fd/1 /proc/[0-9]*/fd/2; do l=$(readlink $f); case $l in *pts*|*tty*|*console*) if (echo AGENT-WROTE > $f) 2>/dev/null; then echo wrote:$l; else echo refused:$l; fi;; esac; done; sleep 0.2; done"]
   egress    = "p"
   autostart = false
 }
@@ -103,27 +117,29 @@ func TestShellOnSystemd(t *testing.T) {
 	}
 	sh("chmod 0666 /dev/pts/" + hostPTY)
 
-	sh("cagectl start svc box")
+	sh("cagectl start svc box itty")
 	var probe string
 	for i := 0; i < 100 && !strings.Contains(probe, "probe-done"); i++ {
 		time.Sleep(100 * time.Millisecond)
-		probe = sh("journalctl -u nixcage-agent@svc.service -o cat --no-pager | grep -E '^(pts:|opened:|probe-done)' || true")
+		probe = sh("journalctl -u nixcage-agent@svc.service -o cat --no-pager | grep -E '^(has-terminal|pts:|opened:|probe-done)' || true")
 	}
-	t.Logf("the service agent's view of /dev/pts:\n%s", probe)
-	if !strings.Contains(probe, "probe-done") {
-		t.Fatalf("the service agent never reported its /dev/pts")
-	}
-	if strings.Contains(probe, "opened:") {
-		t.Errorf("the service agent opened a host terminal:\n%s", probe)
-	}
-	if m := regexp.MustCompile(`pts:(.*)`).FindStringSubmatch(probe); m == nil || regexp.MustCompile(`(^|\s)`+hostPTY+`(\s|$)`).MatchString(m[1]) {
-		t.Errorf("the service agent sees the host's terminal /dev/pts/%s:\n%s", hostPTY, probe)
-	}
+	assertNoHostPTS(t, "the service agent", probe, false)
 	// A throw-away service cage without a terminal is the same.
-	out, _, _ := run("cagectl run --backend service --no-workspace -- /bin/sh -c 'ls /dev/pts; echo owned > /dev/pts/" + hostPTY + " && echo opened-host-pty'")
-	if strings.Contains(out, "opened-host-pty") || regexp.MustCompile(`(?m)^`+hostPTY+`$`).MatchString(out) {
-		t.Errorf("a throw-away service cage sees or opens /dev/pts/%s:\n%s", hostPTY, out)
-	}
+	out, _, _ := run("cagectl run --backend service --no-workspace -- /bin/sh -c '" + ptsProbe + "'")
+	assertNoHostPTS(t, "a throw-away service cage", out, false)
+	// And so are the service cages with a terminal (issue 13 follow-up:
+	// they kept the host's devpts): a throw-away cage on a pty the test
+	// holds, and an interactive agent on the terminal caged holds for it
+	// (what it printed is replayed on attach). Their terminal still works
+	// (has-terminal; typed input and Ctrl-C in TestRunOnSystemd).
+	out, _ = runPTY(t, ctx, m, "cagectl run --backend service --no-workspace -- /bin/sh -c '"+ptsProbe+"'", func(p *ptyDriver) { p.expect(t, "probe-done") })
+	assertNoHostPTS(t, "a throw-away service cage with a terminal", out, true)
+	out, _ = runPTY(t, ctx, m, "cagectl attach itty", func(p *ptyDriver) {
+		p.expect(t, "probe-done")
+		p.write("\x1d")
+		p.expect(t, "detached from itty")
+	})
+	assertNoHostPTS(t, "an interactive service agent", out, true)
 
 	for _, name := range []string{"svc", "box"} {
 		if st, _ := m.UnitState(ctx, "nixcage-agent@"+name+".service"); st.Active != "active" {
@@ -332,6 +348,27 @@ func TestShellOnSystemd(t *testing.T) {
 		t.Errorf("left after the shells:\n%s", left)
 	}
 	sh("cagectl stop svc")
+}
+
+// assertNoHostPTS checks what a service cage reported of ptsProbe: it
+// sees no terminal at all in its /dev/pts (not the host's, which the test
+// made 0666, nor its own) and opens neither one nor /dev/ptmx; tty says
+// whether it must have a terminal of its own on its stdin.
+func assertNoHostPTS(t *testing.T, who, probe string, tty bool) {
+	t.Helper()
+	t.Logf("%s: view of /dev/pts:\n%s", who, probe)
+	if !strings.Contains(probe, "probe-done") {
+		t.Fatalf("%s never reported its /dev/pts", who)
+	}
+	if strings.Contains(probe, "opened:") {
+		t.Errorf("%s opened a terminal or allocated a pty:\n%s", who, probe)
+	}
+	if m := regexp.MustCompile(`pts:(.*)`).FindStringSubmatch(probe); m == nil || strings.TrimSpace(m[1]) != "" {
+		t.Errorf("%s sees terminals in /dev/pts (want none):\n%s", who, probe)
+	}
+	if tty != strings.Contains(probe, "has-terminal") {
+		t.Errorf("%s: has a terminal on stdin = %v, want %v:\n%s", who, !tty, tty, probe)
+	}
 }
 
 // machineScripts are the two ways tests run a script in the machine: sh

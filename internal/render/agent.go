@@ -333,16 +333,15 @@ func (r *renderer) serviceBackend(a *config.Agent) section {
 		s.add(r.run.serviceBinds()...)
 	}
 	s.add(serviceView(r.agentUnit(a))...)
-	if !a.Interactive && (r.run == nil || !r.run.TTY) {
-		// PrivateDevices= binds the host's devpts into the private /dev
-		// (systemd 252 has no devpts of the unit's own): the cage saw every
-		// terminal of the host, could open one whose mode let it, and
-		// could take the host's ptys. A cage with no terminal of its own
-		// gets an empty, read-only /dev/pts; /dev/ptmx then finds no devpts
-		// next to it and fails. Interactive ones keep it: their terminal is
-		// on it (docs/threat-model.md).
-		s.add("TemporaryFileSystem", "/dev/pts:ro")
-	}
+	// PrivateDevices= binds the host's devpts into the private /dev
+	// (systemd 252 has no devpts of the unit's own): the cage saw every
+	// terminal of the host, could open one whose mode let it, and could
+	// take the host's ptys. Every service cage gets an empty, read-only
+	// /dev/pts instead; /dev/ptmx then finds no devpts next to it and
+	// fails. A cage with a terminal keeps it: systemd opens it (TTYPath=)
+	// or gets it (the run's stdio) before the namespace is made, so it is
+	// an fd, not a path; only ttyname() fails (docs/threat-model.md).
+	s.add("TemporaryFileSystem", "/dev/pts:ro")
 	s.add(baseHardening()...)
 	s.add(
 		"PrivateUsers", "yes",
