@@ -32,18 +32,10 @@ account "ops" {
 }
 `)
 	bus := []string{"--bus", c.Bus.Address}
-	ap := &policy.Approval{PendingDir: c.Path(paths.ApprovalPendingDir("alpha")), DecisionsDir: c.Path(paths.ApprovalDecisionsDir("alpha"))}
-	if err := os.MkdirAll(ap.PendingDir, 0o700); err != nil {
-		t.Fatal(err)
-	}
 	id, _ := policy.NewApprovalID()
 	now := time.Now()
-	p := policy.Pending{Schema: policy.ApprovalSchema, ID: id, Agent: "alpha", Method: "GET", Host: "registry.npmjs.org", Port: 80,
-		Path: "/pkg\x1b[31mred", SinceUnix: now.Unix(), ExpiresUnix: now.Add(time.Minute).Unix()}
-	b, _ := policy.MarshalDoc(&p)
-	if err := policy.WriteFileAtomic(ap.PendingFile(id), b); err != nil {
-		t.Fatal(err)
-	}
+	ap := c.Pend(policy.Pending{Schema: policy.ApprovalSchema, ID: id, Agent: "alpha", Method: "GET", Host: "registry.npmjs.org", Port: 80,
+		Path: "/pkg\x1b[31mred", SinceUnix: now.Unix(), ExpiresUnix: now.Add(time.Minute).Unix()})
 	// A file that is not a pending request (a gateway's, so the agent's,
 	// input) is skipped, not shown.
 	os.WriteFile(filepath.Join(ap.PendingDir, "a-000000000000.json"), []byte(`{"schema":1,"id":"a-000000000000","agent":"alpha","method":"GET","host":"10.0.0.1","port":80,"since_unix":1,"expires_unix":99999999999}`), 0o644)

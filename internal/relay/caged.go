@@ -21,7 +21,11 @@ type Caged interface {
 	ApplyDir(ctx context.Context, dir *os.File) (*bus.ApplyResult, error)
 	AllowHost(ctx context.Context, agent, host string, port int, d time.Duration, reason string) (*bus.Grant, error)
 	ListGrants(ctx context.Context, agent string) ([]bus.Grant, error)
+	ListApprovals(ctx context.Context, agent string) ([]bus.Approval, error)
+	Decide(ctx context.Context, id, verdict string) (string, error)
 	RecordRelayAction(ctx context.Context, a bus.RelayAction) error
+	// Events is caged's signal stream (the relay posts ApprovalPending).
+	Events(ctx context.Context) (<-chan bus.Event, error)
 	// Turns and workspace files, caged's side (docs/relay.md).
 	Turn(ctx context.Context, agent, text string) (bus.TurnResult, error)
 	GetFile(ctx context.Context, agent, path string, maxBytes uint64) (*os.File, uint64, error)

@@ -46,6 +46,8 @@ func init() {
 		"audit":      {"[N]", "the agent's last N egress decisions", cmdAudit},
 		"allow":      {"HOST[:PORT] [DURATION]", "let the agent reach HOST for a while (default 1h)", cmdAllow},
 		"grants":     {"", "the agent's time-bound grants in force", cmdGrants},
+		"approvals":  {"", "the agent's requests waiting for an operator", cmdApprovals},
+		"approve":    {"ID once|host|deny", "decide a waiting request (host: a 1h grant)", cmdApprove},
 	}
 	addFileCommands(commands)
 }

@@ -81,6 +81,9 @@ func New(doc config.RelayDoc, t *tg.Client, c Caged, log *slog.Logger) *Relay {
 // Serve handles updates until ctx ends, then waits for running handlers.
 func (r *Relay) Serve(ctx context.Context) error {
 	defer r.wg.Wait()
+	// Subscribed before the first update is read, so a request waiting
+	// from then on is announced in its agent's chat.
+	r.watchApprovals(ctx)
 	for {
 		select {
 		case <-ctx.Done():

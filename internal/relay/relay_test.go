@@ -45,10 +45,11 @@ type fakeCaged struct {
 	maxRun   int
 	files    map[string][]byte
 	applied  map[string]string // unpacked release, path -> content
+	events   chan bus.Event
 }
 
 func newFake() *fakeCaged {
-	return &fakeCaged{deny: map[string]bool{}, files: map[string][]byte{}, turnOut: "the answer"}
+	return &fakeCaged{deny: map[string]bool{}, files: map[string][]byte{}, turnOut: "the answer", events: make(chan bus.Event, 4)}
 }
 
 func (f *fakeCaged) call(s string) {
@@ -128,6 +129,36 @@ func (f *fakeCaged) ListGrants(ctx context.Context, a string) ([]bus.Grant, erro
 	f.call("grants " + a)
 	return []bus.Grant{{ID: "g1", Agent: a, Host: "api.example.com", ExpiresUnix: 2e9, By: "x", Reason: "r"}}, f.check(a)
 }
+func (f *fakeCaged) ListApprovals(ctx context.Context, a string) ([]bus.Approval, error) {
+	f.call("approvals " + a)
+	if a != "alice" {
+		return []bus.Approval{}, f.check(a)
+	}
+	now := time.Now().Unix()
+	return []bus.Approval{{ID: "a-3f2a9c01b7de", Agent: a, Host: "registry.npmjs.org", Port: 443, Method: "CONNECT", Path: "/x\x1b[31m", SinceUnix: now, ExpiresUnix: now + 30}}, f.check(a)
+}
+func (f *fakeCaged) Decide(ctx context.Context, id, verdict string) (string, error) {
+	f.call("decide " + id + " " + verdict)
+	if verdict == "host" {
+		return "g-1234", nil
+	}
+	return "", nil
+}
+func (f *fakeCaged) Events(ctx context.Context) (<-chan bus.Event, error) {
+	out := make(chan bus.Event)
+	go func() {
+		defer close(out)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case ev := <-f.events:
+				out <- ev
+			}
+		}
+	}()
+	return out, nil
+}
 func (f *fakeCaged) RecordRelayAction(ctx context.Context, a bus.RelayAction) error {
 	f.mu.Lock()
 	f.records = append(f.records, a)
@@ -186,6 +217,15 @@ type harness struct {
 
 func start(t *testing.T) *harness {
 	t.Helper()
+	fc := newFake()
+	h := startWith(t, fc)
+	h.caged = fc
+	return h
+}
+
+// startWith runs the relay against c (the fake, or a real caged's client).
+func startWith(t *testing.T, cg relay.Caged) *harness {
+	t.Helper()
 	s := tgfake.New(token)
 	hs := httptest.NewServer(s.Handler())
 	t.Cleanup(hs.Close)
@@ -202,8 +242,7 @@ func start(t *testing.T) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fc := newFake()
-	r := relay.New(doc, c, fc, log)
+	r := relay.New(doc, c, cg, log)
 	r.TypingEvery = 30 * time.Millisecond
 	r.Tmp = t.TempDir()
 	var wg sync.WaitGroup
@@ -211,7 +250,7 @@ func start(t *testing.T) *harness {
 	go func() { defer wg.Done(); c.Run(ctx) }()
 	go func() { defer wg.Done(); r.Serve(ctx) }()
 	t.Cleanup(func() { cancel(); wg.Wait() })
-	return &harness{tg: s, caged: fc, relay: r}
+	return &harness{tg: s, relay: r}
 }
 
 func (h *harness) say(from int64, chat int64, topic int64, text string) int {
@@ -566,5 +605,98 @@ func TestFailedTurnShown(t *testing.T) {
 	}
 	if r := h.record(t, "turn", 1); r.Outcome != bus.RelayFailed || !strings.HasPrefix(r.Detail, "failed, exit status 2") {
 		t.Fatalf("record %+v", r)
+	}
+}
+
+// TestApprovalsInChat: /approvals lists the chat's agent's waiting
+// requests (the agent's words escaped), /approve decides through caged's
+// Decide and shows the result, an id not waiting for the chat's agent is
+// refused before Decide, and a stranger's /approve reaches nothing and is
+// audited as refused.
+func TestApprovalsInChat(t *testing.T) {
+	h := start(t)
+	const id = "a-3f2a9c01b7de"
+	seq := h.say(owner, chatA, 0, "/approvals")
+	got := h.reply(t, seq, "sendMessage")
+	if !strings.Contains(got.Text, id+" CONNECT registry.npmjs.org:443/x\\x1b[31m") || strings.Contains(got.Text, "\x1b") || !strings.Contains(got.Text, "/approve ID once|host|deny") {
+		t.Fatalf("approvals reply %q", got.Text)
+	}
+	if r := h.record(t, "approvals", 1); r.Outcome != bus.RelayOK || r.Detail != "1 waiting" || r.Agent != "alice" {
+		t.Fatalf("approvals record %+v", r)
+	}
+	for _, c := range []struct{ text, call, reply, detail string }{
+		{"/approve " + id + " host", "decide " + id + " host", "Approved " + id + " (registry.npmjs.org:443): grant g-1234 lets alice reach the host for 1h0m0s", "host " + id + " registry.npmjs.org:443 grant g-1234"},
+		{"/approve " + id + " once", "decide " + id + " once", "Approved " + id + " once", "once " + id + " registry.npmjs.org:443"},
+		{"/approve " + id + " deny", "decide " + id + " deny", "Denied " + id, "deny " + id + " registry.npmjs.org:443"},
+	} {
+		before := len(h.caged.Calls())
+		seq := h.say(owner, chatA, 0, c.text)
+		if got := h.reply(t, seq, "sendMessage"); !strings.Contains(got.Text, c.reply) {
+			t.Errorf("%s: reply %q, want %q", c.text, got.Text, c.reply)
+		}
+		if calls := h.caged.Calls()[before:]; len(calls) != 2 || calls[0] != "approvals alice" || calls[1] != c.call {
+			t.Errorf("%s: caged calls %q", c.text, calls)
+		}
+	}
+	if r := h.record(t, "approve", 1); r.Outcome != bus.RelayOK || r.Detail != "host "+id+" registry.npmjs.org:443 grant g-1234" {
+		t.Fatalf("approve record %+v", r)
+	}
+	// bob's chat: the id is not bob's, so nothing is decided from there.
+	before := len(h.caged.Calls())
+	seq = h.say(owner, forum, topicB, "/approve "+id+" once")
+	if got := h.reply(t, seq, "sendMessage"); !strings.Contains(got.Text, "Refused: no request "+id+" of bob") {
+		t.Fatalf("other agent's id: %q", got.Text)
+	}
+	if calls := h.caged.Calls()[before:]; len(calls) != 1 || calls[0] != "approvals bob" {
+		t.Fatalf("other agent's id reached caged: %q", calls)
+	}
+	// Bad input is refused with the usage, before caged.
+	for _, text := range []string{"/approve", "/approve a-nothex once"} {
+		before := len(h.caged.Calls())
+		seq := h.say(owner, chatA, 0, text)
+		if got := h.reply(t, seq, "sendMessage"); !strings.Contains(got.Text, "/approve") {
+			t.Errorf("%s: reply %q", text, got.Text)
+		}
+		if calls := h.caged.Calls()[before:]; len(calls) != 0 {
+			t.Errorf("%s reached caged: %q", text, calls)
+		}
+	}
+
+	// A stranger's /approve: refused, audited, nothing decided.
+	before = len(h.caged.Calls())
+	seq = h.say(stranger, chatA, 0, "/approve "+id+" once")
+	if got := h.reply(t, seq, "sendMessage"); !strings.Contains(got.Text, "Refused") {
+		t.Fatalf("stranger reply %q", got.Text)
+	}
+	var rec bus.RelayAction
+	for n := 1; ; n++ {
+		if rec = h.record(t, "approve", n); rec.Outcome == bus.RelayRefused && strings.Contains(rec.Actor, "telegram:666") {
+			break
+		}
+	}
+	if rec.Detail != "not an owner" || rec.Agent != "alice" {
+		t.Fatalf("stranger record %+v", rec)
+	}
+	for _, c := range h.caged.Calls()[before:] {
+		t.Errorf("a stranger's /approve reached caged: %s", c)
+	}
+}
+
+// TestApprovalAnnounced: an ApprovalPending signal is posted into its
+// agent's chat (and only there), the agent's words escaped, with the
+// command that decides it.
+func TestApprovalAnnounced(t *testing.T) {
+	h := start(t)
+	seq := len(h.tg.Sent(0))
+	h.caged.events <- bus.Event{Kind: bus.SignalApprovalPending, Agent: "bob", Data: map[string]string{
+		"id": "a-0123456789ab", "host": "evil\x1b[2J.example", "port": "443", "method": "CONNECT", "path": "", "expires_unix": fmt.Sprint(time.Now().Add(30 * time.Second).Unix())}}
+	got := h.reply(t, seq, "sendMessage")
+	if got.ChatID != forum || got.ThreadID != topicB || strings.Contains(got.Text, "\x1b") ||
+		!strings.HasPrefix(got.Text, `agent bob wants evil\x1b[2J.example:443 (id a-0123456789ab; CONNECT ) — /approve a-0123456789ab once|host|deny (within`) {
+		t.Fatalf("announcement %+v", got)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if s := h.tg.Sent(seq); len(s) != 1 {
+		t.Fatalf("announced %d times: %+v", len(s), s)
 	}
 }

@@ -17,6 +17,8 @@ import (
 	"github.com/nixcage/nixcage/internal/bus"
 	"github.com/nixcage/nixcage/internal/bus/bustest"
 	"github.com/nixcage/nixcage/internal/daemon"
+	"github.com/nixcage/nixcage/internal/paths"
+	"github.com/nixcage/nixcage/internal/policy"
 	"github.com/nixcage/nixcage/internal/reconcile"
 	"github.com/nixcage/nixcage/internal/reconcile/fakesd"
 )
@@ -139,3 +141,22 @@ account "daemontest-caller" {
 
 // Path maps a host path under the test root.
 func (c *Caged) Path(p string) string { return filepath.Join(c.Root, p) }
+
+// Pend writes p as the agent's gateway does (policy.WriteFileAtomic of a
+// policy.Pending into its pending directory) and returns the directories
+// the gateway reads the decision from (policy.LoadDecision).
+func (c *Caged) Pend(p policy.Pending) *policy.Approval {
+	c.t.Helper()
+	ap := &policy.Approval{PendingDir: c.Path(paths.ApprovalPendingDir(p.Agent)), DecisionsDir: c.Path(paths.ApprovalDecisionsDir(p.Agent))}
+	if err := os.MkdirAll(ap.PendingDir, 0o700); err != nil {
+		c.t.Fatal(err)
+	}
+	b, err := policy.MarshalDoc(&p)
+	if err == nil {
+		err = policy.WriteFileAtomic(ap.PendingFile(p.ID), b)
+	}
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return ap
+}
