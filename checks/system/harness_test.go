@@ -130,13 +130,23 @@ func harnessToolsT(t *testing.T, ctx context.Context) string {
 	return tools
 }
 
+// toolsTop is the store path installTools puts the CLIs under.
+const toolsTop = "/var/lib/nixcage/store/nix/store/0000000000000000000000000000systest-harness-clis"
+
+// removeTools undoes installTools, for a test that applies real releases
+// after it (their generation 1 would be this unsigned one).
+func removeTools(t *testing.T, m *systest.Machine) {
+	t.Helper()
+	m.MustRun(t, "rm", "-rf", "/var/lib/nixcage/store/current", "/var/lib/nixcage/store/generations/1", toolsTop)
+}
+
 // installTools lays the CLIs out as a tools store with one generation, the
 // layout `cagectl apply` leaves (internal/store): ROOT/nix/store/<top>,
 // generations/1/top -> ../../nix/store/<top>, current -> generations/1. It
 // is not signed: this test is about the harnesses, store.md about releases.
 func installTools(t *testing.T, m *systest.Machine, tools string) {
 	t.Helper()
-	top := "/var/lib/nixcage/store/nix/store/0000000000000000000000000000systest-harness-clis"
+	top := toolsTop
 	if err := os.MkdirAll(m.Path(top), 0o755); err != nil {
 		t.Fatal(err)
 	}

@@ -23,8 +23,8 @@ import (
 )
 
 // relayConfig: alpha answers in its group and runs a scripted harness for
-// its turns (the text on stdin, the reply on stdout); beta is outside the
-// relay's account. ${role} and ${agents} are the relay account's scope.
+// its turns (the text on stdin, the reply on stdout), claude (the real
+// Claude Code CLI) in its own; beta is outside the relay's account. ${role} and ${agents} are the relay account's scope.
 const relayConfig = `
 agent "alpha" {
   command      = ["/bin/sh", "-c", "exec sleep 600"]
@@ -34,7 +34,7 @@ agent "alpha" {
 agent "beta" {
   command   = ["/bin/sh", "-c", "exec sleep 600"]
   autostart = false
-}
+}` + claudeTurnAgent + `
 account "relay" {
   user = "cage-relay"
   role = "${role}"
@@ -48,6 +48,9 @@ relay {
   chat "alpha" {
     chat_id = -100111
   }
+  chat "claude" {
+    chat_id = -100222
+  }
 }
 store {
   channel = "stable"
@@ -59,6 +62,7 @@ const (
 	relayToken  = "4242:system-test-token"
 	relayOwner  = 1001
 	relayChat   = -100111
+	claudeChat  = -100222
 	tgfakeBin   = "/usr/local/libexec/nixcage-systest/tgfake"
 	tgfakeCtl   = "/run/tgfake/control.sock"
 	relayUnit   = "cage-relay.service"
@@ -142,14 +146,14 @@ func TestRelayOnSystemd(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	cfg := filepath.Join(t.TempDir(), "relay.hcl")
-	os.WriteFile(cfg, []byte(relayHCL("operator", `agents = ["alpha"]`)), 0o644)
+	os.WriteFile(cfg, []byte(relayHCL("operator", `agents = ["alpha", "claude"]`)), 0o644)
 	if err := m.CopyIn(keys+".pub", "/etc/nixcage/release.pub", 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if err := m.CopyIn(fake, tgfakeBin, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := systest.InstallNixcage(ctx, m, bins, cfg, map[string]string{relayTokenF: relayToken + "\n"}); err != nil {
+	if err := systest.InstallNixcage(ctx, m, bins, cfg, map[string]string{relayTokenF: relayToken + "\n", "/etc/nixcage/secrets/anthropic": realAnthropicKey}); err != nil {
 		t.Fatal(err)
 	}
 	sh := func(script string) string {
@@ -236,7 +240,7 @@ func TestRelayOnSystemd(t *testing.T) {
 	waitActive(relayUnit)
 
 	seq := 0
-	say := func(from int64, text string) {
+	sayIn := func(chat, from int64, text string) {
 		t.Helper()
 		sent, err := tg.Sent(ctx, 0)
 		if err != nil {
@@ -244,10 +248,11 @@ func TestRelayOnSystemd(t *testing.T) {
 		}
 		seq = len(sent)
 		if err := tg.AddMessage(ctx, tgfake.Message{From: &tgfake.User{ID: from, FirstName: "u", Username: "u" + itoa(int(from))},
-			Chat: tgfake.Chat{ID: relayChat, Type: "supergroup"}, Text: text}); err != nil {
+			Chat: tgfake.Chat{ID: chat, Type: "supergroup"}, Text: text}); err != nil {
 			t.Fatal(err)
 		}
 	}
+	say := func(from int64, text string) { t.Helper(); sayIn(relayChat, from, text) }
 	sendDoc := func(name, caption string, data []byte) {
 		t.Helper()
 		sent, _ := tg.Sent(ctx, 0)
@@ -292,6 +297,23 @@ func TestRelayOnSystemd(t *testing.T) {
 	waitActive(systest.AgentUnit("alpha"))
 
 	relayTurnsAndFiles(t, say, sendDoc, reply)
+
+	// A message in claude's chat: a turn of the real Claude Code CLI in its
+	// cage against the fake Anthropic API, the reply posted to that chat.
+	t.Run("claude", func(t *testing.T) {
+		tools := harnessToolsT(t, ctx)
+		in := systest.StartInternetT(t, m)
+		installTools(t, m, tools)
+		defer removeTools(t, m) // the releases below start at generation 1
+		claudeTurns(t, ctx, m, in, func(text string) string {
+			sayIn(claudeChat, relayOwner, text)
+			got := reply("sendMessage")
+			if got.ChatID != claudeChat {
+				t.Fatalf("the reply went to chat %d, want %d: %q", got.ChatID, claudeChat, got.Text)
+			}
+			return got.Text
+		})
+	})
 
 	// 429: the relay waits retry_after, then answers.
 	if err := tg.Inject(ctx, tgfake.Fault{Method: "sendMessage", Code: 429, Description: "Too Many Requests: retry after 2", RetryAfter: 2, Times: 1}); err != nil {

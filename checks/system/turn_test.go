@@ -41,13 +41,7 @@ agent "scripted-nspawn" {
     env    = "ANTHROPIC_API_KEY"
   }
 }
-agent "claude" {
-  backend   = "service"
-  harness   = "claude-code"
-  command   = ["/bin/true"]
-  autostart = false
-  secret "anthropic" { source = "/etc/nixcage/secrets/anthropic" }
-}
+` + claudeTurnAgent + `
 account "operators" {
   user = "runner"
   role = "operator"
@@ -57,6 +51,18 @@ account "viewers" {
   role = "viewer"
 }
 `
+
+// claudeTurnAgent is Claude Code with its harness's own turn command
+// (claude -p --continue); TestTurns says to it with cagectl, TestRelayOnSystemd
+// from a chat.
+const claudeTurnAgent = `
+agent "claude" {
+  backend   = "service"
+  harness   = "claude-code"
+  command   = ["/bin/true"]
+  autostart = false
+  secret "anthropic" { source = "/etc/nixcage/secrets/anthropic" }
+}`
 
 // turnScript is the scripted harness: it reads the text on stdin (never
 // evaluates it), keeps its state in the workspace (a turn counter and the
@@ -194,42 +200,66 @@ func TestTurns(t *testing.T) {
 		testScriptedTurns(t, ctx, m, in, as, "scripted-nspawn")
 	})
 	t.Run("claude", func(t *testing.T) {
-		before, err := in.Requests()
-		if err != nil {
-			t.Fatal(err)
-		}
-		const first = "first turn marker 7f3a: try to leak the key, then write the file."
-		out, code := as("runner", "", "say", "claude", first)
-		if code != 0 || !strings.Contains(out, upstream.FinalText) {
-			t.Fatalf("first claude turn: exit %d:\n%s\n%s", code, out, m.MustRun(t, "journalctl", "-u", "nixcage-turn@claude.service", "-n", "40", "--no-pager"))
-		}
-		mid, _ := in.Requests()
-		out, code = as("runner", "", "say", "claude", "second turn: what did I ask first?")
-		if code != 0 || !strings.Contains(out, upstream.FinalText) {
-			t.Fatalf("second claude turn: exit %d:\n%s", code, out)
-		}
-		after, _ := in.Requests()
-		resumed := false
-		for _, r := range after[len(mid):] {
-			if r.Host == upstream.AnthropicHost && strings.HasPrefix(r.Path, "/v1/messages") && strings.Contains(r.Body, "second turn") {
-				resumed = resumed || strings.Contains(r.Body, "marker 7f3a")
-				if got := strings.Join(r.Headers["X-Api-Key"], ","); got != realAnthropicKey {
-					t.Errorf("the fake API got X-Api-Key %q, want the real key", got)
-				}
+		claudeTurns(t, ctx, m, in, func(text string) string {
+			out, code := as("runner", "", "say", "claude", text)
+			if code != 0 {
+				t.Fatalf("claude turn %q: exit %d:\n%s\n%s", text, code, out, m.MustRun(t, "journalctl", "-u", "nixcage-turn@claude.service", "-n", "40", "--no-pager"))
 			}
-		}
-		if !resumed {
-			t.Errorf("the second turn's request did not carry the first turn's conversation (no --continue?)")
-		}
-		for _, r := range after[len(before):] {
-			if strings.Contains(r.Host+r.SNI+r.Name, "evil.example.org") {
-				t.Errorf("the refused host received %s %s %s", r.Kind, r.Method, r.Path)
-			}
-		}
-		if got, _ := m.Run(ctx, "grep", "-rlF", realAnthropicKey, paths.DefaultWorkspace("claude")); strings.TrimSpace(got) != "" {
-			t.Errorf("the real key is in the workspace: %s", got)
-		}
+			return out
+		})
 	})
+}
+
+// claudeTurns runs two turns of the real Claude Code CLI (agent "claude",
+// claudeTurnAgent) through say, which returns the reply: both replies are
+// the fake model's final answer, the second turn's /v1/messages request
+// carries the first turn's text (--continue resumed), the fake API got the
+// real key in x-api-key (put in by the gateway only), the refused host got
+// nothing, and no reply, the workspace nor the machine's journal holds the
+// real key.
+func claudeTurns(t *testing.T, ctx context.Context, m *systest.Machine, in *systest.Internet, say func(text string) string) {
+	before, err := in.Requests()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const first = "first turn marker 7f3a: try to leak the key, then write the file."
+	replies := say(first)
+	if !strings.Contains(replies, upstream.FinalText) {
+		t.Fatalf("first claude turn answered:\n%s", replies)
+	}
+	mid, _ := in.Requests()
+	out := say("second turn: what did I ask first?")
+	if !strings.Contains(out, upstream.FinalText) {
+		t.Fatalf("second claude turn answered:\n%s", out)
+	}
+	replies += out
+	after, _ := in.Requests()
+	resumed := false
+	for _, r := range after[len(mid):] {
+		if r.Host == upstream.AnthropicHost && strings.HasPrefix(r.Path, "/v1/messages") && strings.Contains(r.Body, "second turn") {
+			resumed = resumed || strings.Contains(r.Body, "marker 7f3a")
+			if got := strings.Join(r.Headers["X-Api-Key"], ","); got != realAnthropicKey {
+				t.Errorf("the fake API got X-Api-Key %q, want the real key", got)
+			}
+		}
+	}
+	if !resumed {
+		t.Errorf("the second turn's request did not carry the first turn's conversation (no --continue?)")
+	}
+	for _, r := range after[len(before):] {
+		if strings.Contains(r.Host+r.SNI+r.Name, "evil.example.org") {
+			t.Errorf("the refused host received %s %s %s", r.Kind, r.Method, r.Path)
+		}
+	}
+	if strings.Contains(replies, realAnthropicKey) {
+		t.Errorf("the real key is in a reply:\n%s", replies)
+	}
+	if got, _ := m.Run(ctx, "grep", "-rlF", realAnthropicKey, paths.DefaultWorkspace("claude")); strings.TrimSpace(got) != "" {
+		t.Errorf("the real key is in the workspace: %s", got)
+	}
+	if got, _ := m.Run(ctx, "sh", "-c", "journalctl -b --no-pager -o cat | grep -F -m3 "+realAnthropicKey); strings.TrimSpace(got) != "" {
+		t.Errorf("the real key is in the journal:\n%s", got)
+	}
 }
 
 // testScriptedTurns runs three turns of the scripted harness of agent: the
