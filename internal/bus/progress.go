@@ -71,26 +71,41 @@ func (c *Client) WatchApplyProgress(f ProgressFunc) (stop func()) {
 	c.conn.Signal(ch)
 	done := make(chan struct{})
 	finished := make(chan struct{})
+	handle := func(sig *dbus.Signal) {
+		if sig.Name != ManagerIface+"."+SignalApplyProgress || len(sig.Body) != 5 {
+			return
+		}
+		var p ApplyProgress
+		var ok [5]bool
+		p.Phase, ok[0] = sig.Body[0].(string)
+		p.Done, ok[1] = sig.Body[1].(uint64)
+		p.Total, ok[2] = sig.Body[2].(uint64)
+		p.Bytes, ok[3] = sig.Body[3].(int64)
+		p.TotalBytes, ok[4] = sig.Body[4].(int64)
+		if ok == [5]bool{true, true, true, true, true} {
+			f(p)
+		}
+	}
 	go func() {
 		defer close(finished)
 		for {
 			select {
 			case sig := <-ch:
-				if sig.Name != ManagerIface+"."+SignalApplyProgress || len(sig.Body) != 5 {
-					continue
-				}
-				var p ApplyProgress
-				var ok [5]bool
-				p.Phase, ok[0] = sig.Body[0].(string)
-				p.Done, ok[1] = sig.Body[1].(uint64)
-				p.Total, ok[2] = sig.Body[2].(uint64)
-				p.Bytes, ok[3] = sig.Body[3].(int64)
-				p.TotalBytes, ok[4] = sig.Body[4].(int64)
-				if ok == [5]bool{true, true, true, true, true} {
-					f(p)
-				}
+				handle(sig)
 			case <-done:
-				return
+				// godbus queued every signal caged sent before its reply
+				// into ch before the reply returned: hand those over too.
+				// (select picks at random between ready cases, so without
+				// this drain stop() lost the last phases: TestCagedOnSystemd
+				// saw `apply -v` print only "verify".)
+				for {
+					select {
+					case sig := <-ch:
+						handle(sig)
+					default:
+						return
+					}
+				}
 			}
 		}
 	}()
