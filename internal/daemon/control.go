@@ -121,6 +121,7 @@ func (d *Daemon) applyControlFeed(ctx context.Context, cmds []channel.Control) [
 		}
 	}
 	var out []control.Ack
+	refusedAcks, unacked := 0, 0
 	for _, cmd := range cmds {
 		raw := cmd.Data
 		key := control.HashBytes(raw)
@@ -139,6 +140,23 @@ func (d *Daemon) applyControlFeed(ctx context.Context, cmds []channel.Control) [
 		if seen {
 			continue
 		}
+		// A channel server holding no key can list fresh junk on every
+		// poll; acking all of it would rotate the controller's genuine
+		// acks out of the ack log. Past maxRefusedFeedAcks refusals in one
+		// poll, refused entries are remembered (never retried this run)
+		// but not acked; the journal says how many.
+		if refusedAcks >= maxRefusedFeedAcks {
+			if _, err := d.checkControl(d.config(), raw, host, time.Now()); err != nil {
+				s.mu.Lock()
+				if len(s.rejected) > control.MaxCacheEntries {
+					s.rejected = map[string]bool{}
+				}
+				s.rejected[key] = true
+				s.mu.Unlock()
+				unacked++
+				continue
+			}
+		}
 		ack, err := d.runControl(ctx, raw, SourceChannel, channel.ControlsDir+"/"+cmd.Name)
 		if err != nil {
 			d.log.Error("control command from the channel", "err", err)
@@ -151,11 +169,20 @@ func (d *Daemon) applyControlFeed(ctx context.Context, cmds []channel.Control) [
 			}
 			s.rejected[key] = true
 			s.mu.Unlock()
+			refusedAcks++
 		}
 		out = append(out, ack)
 	}
+	if unacked > 0 {
+		d.log.Warn("channel control feed: refused entries not acked (more than the per-poll ack limit; the channel may be flooding)",
+			"refused_acked", refusedAcks, "refused_not_acked", unacked, "limit", maxRefusedFeedAcks)
+	}
 	return out
 }
+
+// maxRefusedFeedAcks bounds the refused-command acks one poll of the
+// control feed writes (docs/fleet.md "Acknowledgements").
+const maxRefusedFeedAcks = 8
 
 // runControl is the pipeline: check (pure stages), target agents, claim,
 // execute, acknowledge. Every outcome is an ack; an error means the ack

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/nixcage/nixcage/internal/control"
+	"github.com/nixcage/nixcage/internal/daemon"
 	"github.com/nixcage/nixcage/internal/daemon/daemontest"
 	"github.com/nixcage/nixcage/internal/paths"
 	"github.com/nixcage/nixcage/internal/policy"
@@ -586,5 +587,38 @@ func TestControlFeedTimeOutOfRange(t *testing.T) {
 		if strings.Contains(call, "KillUnit") {
 			t.Errorf("the unsigned command reached systemd: %s", call)
 		}
+	}
+}
+
+// TestControlFeedFloodBoundsAcks: a channel server holding no key lists
+// 40 unsigned commands; one poll acks at most daemon.MaxRefusedFeedAcks of them,
+// so the ack log the controller collects is not flooded, and later polls
+// ack none of them again. A genuine command in the same feed still runs.
+func TestControlFeedFloodBoundsAcks(t *testing.T) {
+	s := newSigner(t, "ops", "sec", "stranger", "release")
+	feed := map[string][]byte{
+		"q-alpha.json": s.command(control.ActionQuarantine, "alpha", nil, "ops", "sec"),
+	}
+	for i := 0; i < 40; i++ {
+		feed[fmt.Sprintf("junk-%02d.json", i)] = s.command(control.ActionKill, "beta", func(c *control.Command) { c.Reason = fmt.Sprint("junk ", i) }, "stranger")
+	}
+	cs := newChannelServer(t, feed)
+	c := pollingCaged(t, s, cs)
+	cs.waitPolls(t, 4)
+	list, err := c.Client().ControlAcks(context.Background(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused, executed := 0, 0
+	for _, a := range list {
+		switch a.Status {
+		case control.StatusRejected:
+			refused++
+		case control.StatusExecuted:
+			executed++
+		}
+	}
+	if refused > daemon.MaxRefusedFeedAcks || executed != 1 {
+		t.Fatalf("after 4 polls of a feed with 40 forged commands: %d refused acks (limit %d), %d executed (want 1): %+v", refused, daemon.MaxRefusedFeedAcks, executed, list)
 	}
 }

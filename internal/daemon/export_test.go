@@ -1,0 +1,4 @@
+package daemon
+
+// MaxRefusedFeedAcks is maxRefusedFeedAcks for the external tests.
+const MaxRefusedFeedAcks = maxRefusedFeedAcks
