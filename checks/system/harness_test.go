@@ -84,32 +84,19 @@ func TestHarnessCLIs(t *testing.T) {
 	testenv.RequireSystem(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	tools := harnessToolsT(t, ctx)
 	bins := systest.Binaries{
 		"cagectl":     systest.BuildT(t, "./cmd/cagectl"),
 		"cage-egress": systest.BuildT(t, "./cmd/cage-egress"),
 	}
-	m := systest.BootT(t)
-	in := systest.StartInternetT(t, m)
-	start := time.Now()
-	installTools(t, m, tools)
-	t.Logf("CLIs copied into the machine in %s", time.Since(start).Round(time.Millisecond))
-
 	cases := harnessCases()
 	var cfg strings.Builder
 	for _, c := range cases {
 		cfg.WriteString(c.config + "\n")
 	}
-	cfgPath := filepath.Join(t.TempDir(), "harness.hcl")
-	if err := os.WriteFile(cfgPath, []byte(cfg.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := systest.InstallNixcage(ctx, m, bins, cfgPath, map[string]string{
+	m, in := harnessMachine(t, ctx, bins, cfg.String(), map[string]string{
 		"/etc/nixcage/secrets/anthropic": realAnthropicKey,
 		"/etc/nixcage/secrets/openai":    realOpenAIKey,
-	}); err != nil {
-		t.Fatal(err)
-	}
+	})
 	env := &cageEnv{m: m, in: in}
 	for _, c := range cases {
 		t.Run(c.agent, func(t *testing.T) { env.runHarness(t, ctx, c) })
@@ -118,6 +105,28 @@ func TestHarnessCLIs(t *testing.T) {
 
 // harnessToolsT returns the cached real CLIs, or skips naming what is
 // missing.
+// harnessMachine is the booted machine the real-CLI tests share: the
+// harness CLIs (skipping the test without them), the fake internet, the
+// CLIs laid out as the tools store's current generation, and nixcage
+// installed with config and secrets.
+func harnessMachine(t *testing.T, ctx context.Context, bins systest.Binaries, config string, secrets map[string]string) (*systest.Machine, *systest.Internet) {
+	t.Helper()
+	tools := harnessToolsT(t, ctx)
+	m := systest.BootT(t)
+	in := systest.StartInternetT(t, m)
+	start := time.Now()
+	installTools(t, m, tools)
+	t.Logf("CLIs copied into the machine in %s", time.Since(start).Round(time.Millisecond))
+	cfg := filepath.Join(t.TempDir(), "nixcage.hcl")
+	if err := os.WriteFile(cfg, []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := systest.InstallNixcage(ctx, m, bins, cfg, secrets); err != nil {
+		t.Fatal(err)
+	}
+	return m, in
+}
+
 func harnessToolsT(t *testing.T, ctx context.Context) string {
 	t.Helper()
 	tools, err := systest.HarnessTools(ctx)

@@ -2,14 +2,11 @@ package system
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/nixcage/nixcage/internal/systest"
 	"github.com/nixcage/nixcage/internal/systest/upstream"
 	"github.com/nixcage/nixcage/internal/testenv"
 )
@@ -40,20 +37,8 @@ func TestRunClaudeCodeInteractive(t *testing.T) {
 	testenv.RequireSystem(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-	tools := harnessToolsT(t, ctx)
-	bins := systest.Binaries{
-		"cagectl":     systest.BuildT(t, "./cmd/cagectl"),
-		"caged":       systest.BuildT(t, "./cmd/caged"),
-		"cage-egress": systest.BuildT(t, "./cmd/cage-egress"),
-	}
-	m := systest.BootT(t)
-	in := systest.StartInternetT(t, m)
-	installTools(t, m, tools)
-	cfg := filepath.Join(t.TempDir(), "run.hcl")
-	os.WriteFile(cfg, []byte(runConfig), 0o644)
-	if err := systest.InstallNixcage(ctx, m, bins, cfg, nil); err != nil {
-		t.Fatal(err)
-	}
+	_, bins := cagedBinaries(t)
+	m, in := harnessMachine(t, ctx, bins, runConfig, nil)
 	m.MustRun(t, "sh", "-c", `useradd --no-create-home --uid 1500 runner && systemctl reload dbus && systemctl start nixcage-caged.service
 mkdir -p /var/lib/nixcage/cc && mount -t tmpfs tmpfs /var/lib/nixcage/cc && chown runner: /var/lib/nixcage/cc
 printf %s '`+realAnthropicKey+`' > /var/lib/nixcage/cc-key && chown runner: /var/lib/nixcage/cc-key && chmod 600 /var/lib/nixcage/cc-key`)

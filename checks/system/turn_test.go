@@ -3,7 +3,6 @@ package system
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -101,20 +100,8 @@ func TestTurns(t *testing.T) {
 	testenv.RequireSystem(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	tools := harnessToolsT(t, ctx)
-	bins := systest.Binaries{
-		"cagectl":     systest.BuildT(t, "./cmd/cagectl"),
-		"caged":       systest.BuildT(t, "./cmd/caged"),
-		"cage-egress": systest.BuildT(t, "./cmd/cage-egress"),
-	}
-	m := systest.BootT(t)
-	in := systest.StartInternetT(t, m)
-	installTools(t, m, tools)
-	cfg := filepath.Join(t.TempDir(), "turn.hcl")
-	os.WriteFile(cfg, []byte(turnConfig), 0o644)
-	if err := systest.InstallNixcage(ctx, m, bins, cfg, map[string]string{"/etc/nixcage/secrets/anthropic": realAnthropicKey}); err != nil {
-		t.Fatal(err)
-	}
+	_, bins := cagedBinaries(t)
+	m, in := harnessMachine(t, ctx, bins, turnConfig, map[string]string{"/etc/nixcage/secrets/anthropic": realAnthropicKey})
 	m.MustWriteFile(t, "/usr/local/bin/nixcage-test-turn", []byte(turnScript), 0o755)
 	m.MustRun(t, "sh", "-c", `useradd --no-create-home --uid 1500 runner && systemctl reload dbus && systemctl start nixcage-caged.service`)
 
