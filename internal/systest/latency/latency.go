@@ -19,8 +19,9 @@
 //
 // Two more rows explain stages in the same run: the service cages' store
 // bind check against the same unit with the host's tree as its root (what
-// its own root saves), and the nspawn cage with nspawn's own seccomp filter
-// switched off (what that filter costs; a measurement, never a setting).
+// its own root saves), and the nspawn cage as it was before cage-seal
+// became its init (nspawn's own seccomp filter and stub init: what the
+// change saves; a measurement, never a setting).
 package latency
 
 import (
@@ -102,17 +103,15 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 	if err := writeHostRootCheck(m); err != nil {
 		return err
 	}
-	// What nspawn's own seccomp filter costs per start: the nspawn agent's
-	// unit as rendered, run with nspawn's filter switched off. A
-	// measurement only, never a configuration: that filter also confines
-	// nspawn's stub init, which the cage could otherwise reach.
-	if err := writeNoFilterNspawn(m); err != nil {
+	// What nspawn's own seccomp filter cost per start: the nspawn agent's
+	// unit as it was before cage-seal became the cage's init.
+	if err := writeOldNspawn(m); err != nil {
 		return err
 	}
 	// systemd unloads an inactive unit nothing refers to, and with it its
 	// stamps: an active target ordered after every unit measured keeps
 	// them loaded (After= pulls nothing in).
-	hold := []string{"bench-base.service", hostRootCheck, noFilterNspawn}
+	hold := []string{"bench-base.service", hostRootCheck, oldNspawn}
 	for _, b := range backends {
 		hold = append(hold, coldChain(b.backend, b.agent)...)
 	}
@@ -138,7 +137,7 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 	rows = append(rows,
 		&row{name: "bind check, own root", unit: check, chain: []string{check}},
 		&row{name: "bind check, host root", unit: hostRootCheck, chain: []string{hostRootCheck}},
-		&row{name: "nspawn, no own filter", unit: noFilterNspawn, chain: []string{noFilterNspawn}})
+		&row{name: "nspawn, as before", unit: oldNspawn, chain: []string{oldNspawn}})
 	// Warm starts, interleaved round by round so that the load on this
 	// shared machine falls on every backend and the baseline alike.
 	for i := 0; i < *n; i++ {
@@ -276,22 +275,29 @@ func writeHostRootCheck(m *systest.Machine) error {
 	return m.WriteFile("/etc/systemd/system/bench-binds-hostroot@.service", []byte(strings.Join(keep, "\n")), 0o644)
 }
 
-// noFilterNspawn is the nspawn agent's unit with SYSTEMD_SECCOMP=0 for
-// nspawn (systemd's switch for its seccomp use): nspawn then installs no
-// filter of its own, while the unit's filters and cage-seal's stay.
-const noFilterNspawn = "bench-nspawn-nofilter.service"
+// oldNspawn is the nspawn agent's unit as rendered, turned back into the
+// unit before cage-seal became the cage's PID 1 (issue 16): nspawn's own
+// seccomp filter on (with its deny of io_uring), nspawn's stub init as PID
+// 1 and cage-seal exec'ing the command.
+const oldNspawn = "bench-nspawn-before.service"
 
-func writeNoFilterNspawn(m *systest.Machine) error {
+func writeOldNspawn(m *systest.Machine) error {
 	b, err := m.ReadFile("/etc/systemd/system/" + systest.AgentUnit("nsp"))
 	if err != nil {
 		return err
 	}
-	u := string(b) // every line as rendered
-	if !strings.Contains(u, "\n[Service]\n") {
-		return fmt.Errorf("%s has no [Service] section", systest.AgentUnit("nsp"))
+	u := string(b) // every other line as rendered
+	for _, r := range [][2]string{
+		{"\nEnvironment=SYSTEMD_SECCOMP=0\n", "\n"},
+		{" --kill-signal=SIGTERM ", ` "--system-call-filter=~io_uring_setup io_uring_enter io_uring_register" --as-pid2 `},
+		{" /etc/nixcage/cage-seal --init -- ", " /etc/nixcage/cage-seal -- "},
+	} {
+		if strings.Count(u, r[0]) != 1 {
+			return fmt.Errorf("%s: expected %q once", systest.AgentUnit("nsp"), r[0])
+		}
+		u = strings.Replace(u, r[0], r[1], 1)
 	}
-	u = strings.Replace(u, "\n[Service]\n", "\n[Service]\nEnvironment=SYSTEMD_SECCOMP=0\n", 1)
-	return m.WriteFile("/etc/systemd/system/"+noFilterNspawn, []byte(u), 0o644)
+	return m.WriteFile("/etc/systemd/system/"+oldNspawn, []byte(u), 0o644)
 }
 
 // baseUnit runs the same command with no cage; Type=exec as the agents.
