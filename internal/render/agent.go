@@ -532,6 +532,13 @@ func (r *renderer) podmanBackend(a *config.Agent) section {
 		// for a --rootfs container (no layers to size it).
 		"--uidmap=0:" + base + ":65536", "--gidmap=0:" + base + ":65536",
 		"--cap-drop=all", "--security-opt=no-new-privileges",
+		// No seccomp profile of podman's: runc built its ~1150
+		// instructions with libseccomp at every start. cage-seal, the
+		// container's first process, installs its filter (nspawn 252's
+		// allow list plus what podman's default profile refuses besides,
+		// TestAllowListCoversPodman) before it execs the agent, so every
+		// process of the cage runs under it (docs/threat-model.md).
+		"--security-opt=seccomp=unconfined",
 		// runc cannot mount a sysfs or cgroupfs of the cage's own here (the
 		// network namespace is not the user namespace's): it binds the
 		// host's, with every cgroup and the host's network devices. Hide

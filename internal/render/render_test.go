@@ -354,6 +354,10 @@ func TestWorkspaceWalls(t *testing.T) {
 			t.Errorf("%s (%s): workspace not bound nosuid,nodev on the host before the cage starts:\n%s\n%s", agent, backend, mount, unit)
 		}
 		want := []string{"RestrictSUIDSGID=yes\n", "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK\n", " /etc/nixcage/cage-seal -- /bin/sh -c", base + ":65536"}
+		if backend == "podman" {
+			// cage-seal's filter in place of podman's profile.
+			want = append(want, " --security-opt=seccomp=unconfined ")
+		}
 		if backend == "nspawn" {
 			// cage-seal is the cage's PID 1, sealed first, in place of
 			// nspawn's stub init and nspawn's own filter (seal/init.go).

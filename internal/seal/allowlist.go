@@ -23,7 +23,13 @@ import (
 // (mount, umount2, pivot_root, chroot, open_tree, move_mount, fsopen,
 // fsconfig, fsmount, fspick, mount_setattr), setns, process_vm_readv and
 // process_vm_writev (another process's memory, as ptrace), clone3 (ENOSYS,
-// see seal.go) and the argument checks of Program.
+// see seal.go) and the argument checks of Program; and what podman's
+// default profile refuses a container without capabilities that nspawn's
+// list allows, so that podman cages can do without that profile
+// (docs/performance.md): userfaultfd, vmsplice, kcmp, migrate_pages,
+// move_pages, process_madvise, io_pgetevents, futex_waitv,
+// set_mempolicy_home_node, sethostname, setdomainname, fchmodat2 and
+// personality but for the personas Program lists.
 //
 // newerThanList: numbers from here on are newer than systemd 252's table
 // (cachestat, ..., mseal, the *xattrat calls). They get ENOSYS, what a

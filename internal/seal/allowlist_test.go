@@ -34,8 +34,11 @@ func TestProgramAnswers(t *testing.T) {
 		{"socket AF_INET", seccompData{nr: unix.SYS_SOCKET, args: [6]uint64{unix.AF_INET}}, "allow"},
 		{"socket AF_VSOCK", seccompData{nr: unix.SYS_SOCKET, args: [6]uint64{unix.AF_VSOCK}}, "EAFNOSUPPORT"},
 		{"socket NETLINK_AUDIT", seccompData{nr: unix.SYS_SOCKET, args: [6]uint64{unix.AF_NETLINK, 0, unix.NETLINK_AUDIT}}, "EPROTONOSUPPORT"},
-		{"fchmodat2 setuid", seccompData{nr: unix.SYS_FCHMODAT2, args: [6]uint64{0, 0, 0o4755}}, "EPERM"},
-		{"fchmodat2", seccompData{nr: unix.SYS_FCHMODAT2, args: [6]uint64{0, 0, 0o755}}, "allow"},
+		{"fchmodat2 setuid", seccompData{nr: unix.SYS_FCHMODAT2, args: [6]uint64{0, 0, 0o4755}}, "ENOSYS"},
+		{"fchmodat2", seccompData{nr: unix.SYS_FCHMODAT2, args: [6]uint64{0, 0, 0o755}}, "ENOSYS"},
+		{"personality query", seccompData{nr: unix.SYS_PERSONALITY, args: [6]uint64{0xffffffff}}, "allow"},
+		{"personality ADDR_NO_RANDOMIZE", seccompData{nr: unix.SYS_PERSONALITY, args: [6]uint64{0x0040000}}, "EPERM"},
+		{"userfaultfd", seccompData{nr: unix.SYS_USERFAULTFD}, "EPERM"},
 		// nspawn's refusals.
 		{"ptrace", seccompData{nr: unix.SYS_PTRACE}, "EPERM"},
 		{"keyctl", seccompData{nr: unix.SYS_KEYCTL}, "EPERM"},

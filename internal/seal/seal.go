@@ -21,8 +21,12 @@
 //     the host kernel's device events to every network namespace the
 //     host's root made, the cage's included, with a global sequence number
 //     that counts every other cage's start (red team, issue 21 item 4);
-//   - fchmodat2(2) with a setuid or setgid bit: the units' RestrictSUIDSGID=
-//     (systemd 252) predates that call (Linux 6.6) and does not see it;
+//   - fchmodat2(2) (ENOSYS, newer than the list, so libc falls back to
+//     fchmodat): the units' RestrictSUIDSGID= (systemd 252) predates that
+//     call (Linux 6.6) and does not see its setuid and setgid bits;
+//   - personality(2) but for the queries and the 32-bit and uname26
+//     personas (podman's default profile has the same list): no
+//     ADDR_NO_RANDOMIZE or READ_IMPLIES_EXEC for what the agent execs;
 //   - foreign-ABI system calls (x32, 32-bit compat), which would reach the
 //     same kernel functions under numbers the filter does not check.
 //
@@ -59,6 +63,10 @@ var Families = []int{unix.AF_UNIX, unix.AF_INET, unix.AF_INET6, unix.AF_NETLINK}
 // its sockets (ss), both of its own network namespace only.
 var NetlinkProtocols = []int{unix.NETLINK_ROUTE, unix.NETLINK_SOCK_DIAG}
 
+// personalities are the personality(2) arguments a cage may pass: query
+// (0xffffffff), PER_LINUX, PER_LINUX32, and either with UNAME26.
+var personalities = []uint32{0, 0x8, 0x20000, 0x20008, 0xffffffff}
+
 // Offsets into struct seccomp_data.
 const (
 	offNr   = 0
@@ -86,14 +94,18 @@ func Program() ([]unix.SockFilter, error) {
 	a.jeq(unix.SYS_UNSHARE, "unshare")
 	a.jeq(unix.SYS_CLONE, "clone")
 	a.jeq(unix.SYS_SOCKET, "socket")
-	a.jeq(unix.SYS_FCHMODAT2, "fchmodat2")
+	a.jeq(unix.SYS_PERSONALITY, "personality")
 	a.jge(newerThanList, "enosys")
 	a.ja("list")
 
-	a.label("fchmodat2")
-	a.ld(offArg2)
-	a.jset(unix.S_ISUID|unix.S_ISGID, "eperm")
-	a.ret(unix.SECCOMP_RET_ALLOW)
+	a.label("personality")
+	a.ld(offArg0 + 4) // the high word: none of these sets it
+	a.jne(0, "eperm")
+	a.ld(offArg0)
+	for _, p := range personalities {
+		a.jeq(p, "allow")
+	}
+	a.ret(retErrno(unix.EPERM))
 
 	a.label("unshare")
 	a.ld(offArg0)

@@ -17,11 +17,12 @@
 // the start; and once per backend a cold start (namespace, prepare step,
 // sockets from nothing) with the same stamps.
 //
-// Two more rows explain stages in the same run: the service cages' store
+// More rows explain stages in the same run: the service cages' store
 // bind check against the same unit with the host's tree as its root (what
-// its own root saves), and the nspawn cage as it was before cage-seal
-// became its init (nspawn's own seccomp filter and stub init: what the
-// change saves; a measurement, never a setting).
+// its own root saves), and the nspawn and podman cages as they were before
+// cage-seal's filter replaced the managers' own (nspawn's filter and stub
+// init, podman's profile: what the change saves; measurements, never
+// settings).
 package latency
 
 import (
@@ -103,15 +104,18 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 	if err := writeHostRootCheck(m); err != nil {
 		return err
 	}
-	// What nspawn's own seccomp filter cost per start: the nspawn agent's
-	// unit as it was before cage-seal became the cage's init.
-	if err := writeOldNspawn(m); err != nil {
+	// What the managers' own seccomp filters cost per start: the nspawn
+	// and podman agents' units as they were before cage-seal's replaced them.
+	if err := writeBefore(m, "nsp", oldNspawn); err != nil {
+		return err
+	}
+	if err := writeBefore(m, "pod", oldPodman); err != nil {
 		return err
 	}
 	// systemd unloads an inactive unit nothing refers to, and with it its
 	// stamps: an active target ordered after every unit measured keeps
 	// them loaded (After= pulls nothing in).
-	hold := []string{"bench-base.service", hostRootCheck, oldNspawn}
+	hold := []string{"bench-base.service", hostRootCheck, oldNspawn, oldPodman}
 	for _, b := range backends {
 		hold = append(hold, coldChain(b.backend, b.agent)...)
 	}
@@ -137,7 +141,8 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 	rows = append(rows,
 		&row{name: "bind check, own root", unit: check, chain: []string{check}},
 		&row{name: "bind check, host root", unit: hostRootCheck, chain: []string{hostRootCheck}},
-		&row{name: "nspawn, as before", unit: oldNspawn, chain: []string{oldNspawn}})
+		&row{name: "nspawn, as before", unit: oldNspawn, chain: []string{oldNspawn}},
+		&row{name: "podman, as before", unit: oldPodman, chain: []string{oldPodman}})
 	// Warm starts, interleaved round by round so that the load on this
 	// shared machine falls on every backend and the baseline alike.
 	for i := 0; i < *n; i++ {
@@ -275,29 +280,38 @@ func writeHostRootCheck(m *systest.Machine) error {
 	return m.WriteFile("/etc/systemd/system/bench-binds-hostroot@.service", []byte(strings.Join(keep, "\n")), 0o644)
 }
 
-// oldNspawn is the nspawn agent's unit as rendered, turned back into the
-// unit before cage-seal became the cage's PID 1 (issue 16): nspawn's own
-// seccomp filter on (with its deny of io_uring), nspawn's stub init as PID
-// 1 and cage-seal exec'ing the command.
-const oldNspawn = "bench-nspawn-before.service"
+// oldNspawn and oldPodman are the nspawn and podman agents' units as
+// rendered, turned back into the units before cage-seal's filter replaced
+// the managers' own (issue 16): for nspawn its own seccomp filter (with
+// its deny of io_uring), its stub init as PID 1 and cage-seal exec'ing the
+// command; for podman its default seccomp profile.
+const (
+	oldNspawn = "bench-nspawn-before.service"
+	oldPodman = "bench-podman-before.service"
+)
 
-func writeOldNspawn(m *systest.Machine) error {
-	b, err := m.ReadFile("/etc/systemd/system/" + systest.AgentUnit("nsp"))
+var before = map[string][][2]string{
+	oldNspawn: {
+		{"\nEnvironment=SYSTEMD_SECCOMP=0\n", "\n"},
+		{" --kill-signal=SIGTERM ", ` "--system-call-filter=~io_uring_setup io_uring_enter io_uring_register" --as-pid2 `},
+		{" /etc/nixcage/cage-seal --init -- ", " /etc/nixcage/cage-seal -- "},
+	},
+	oldPodman: {{" --security-opt=seccomp=unconfined ", " "}},
+}
+
+func writeBefore(m *systest.Machine, agent, name string) error {
+	b, err := m.ReadFile("/etc/systemd/system/" + systest.AgentUnit(agent))
 	if err != nil {
 		return err
 	}
 	u := string(b) // every other line as rendered
-	for _, r := range [][2]string{
-		{"\nEnvironment=SYSTEMD_SECCOMP=0\n", "\n"},
-		{" --kill-signal=SIGTERM ", ` "--system-call-filter=~io_uring_setup io_uring_enter io_uring_register" --as-pid2 `},
-		{" /etc/nixcage/cage-seal --init -- ", " /etc/nixcage/cage-seal -- "},
-	} {
+	for _, r := range before[name] {
 		if strings.Count(u, r[0]) != 1 {
-			return fmt.Errorf("%s: expected %q once", systest.AgentUnit("nsp"), r[0])
+			return fmt.Errorf("%s: expected %q once", systest.AgentUnit(agent), r[0])
 		}
 		u = strings.Replace(u, r[0], r[1], 1)
 	}
-	return m.WriteFile("/etc/systemd/system/"+oldNspawn, []byte(u), 0o644)
+	return m.WriteFile("/etc/systemd/system/"+name, []byte(u), 0o644)
 }
 
 // baseUnit runs the same command with no cage; Type=exec as the agents.

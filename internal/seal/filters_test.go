@@ -72,6 +72,55 @@ func nspawnFilters(t *testing.T) [][]unix.SockFilter {
 	return progs
 }
 
+// podmanOldArgs are what nixcage's podman cages ran with before cage-seal
+// took over podman's default seccomp profile: no capabilities, no new
+// privileges (the rest of the rendered options do not change the filter).
+var podmanOldArgs = []string{"--runtime", "runc", "--network=none", "--cap-drop=all", "--security-opt=no-new-privileges",
+	"--ulimit=nofile=1024:1024", "--ulimit=nproc=1024:1024", "--volume=/usr:/usr:ro"}
+
+// podmanFilters starts the real podman with podmanOldArgs in a skeleton
+// root and returns the seccomp filters its container runs under.
+func podmanFilters(t *testing.T) [][]unix.SockFilter {
+	t.Helper()
+	testenv.RequirePrivileged(t)
+	podman := testenv.LookPath(t, "podman")
+	root := t.TempDir()
+	for _, d := range []string{"proc", "sys", "dev", "etc", "tmp", "run", "usr"} {
+		os.Mkdir(filepath.Join(root, d), 0o755)
+	}
+	for _, l := range []string{"bin", "lib", "lib64", "sbin"} {
+		os.Symlink("usr/"+l, filepath.Join(root, l))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	name := fmt.Sprintf("sealtest-%d", os.Getpid())
+	cmd := exec.CommandContext(ctx, podman, append(append([]string{"run", "--rm", "--name", name}, podmanOldArgs...), "--rootfs", root, "/usr/bin/sleep", "300")...)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		exec.Command(podman, "rm", "--force", "--ignore", name).Run()
+		cmd.Wait()
+	}()
+	var pid int
+	for i := 0; i < 300 && pid == 0; i++ {
+		time.Sleep(50 * time.Millisecond)
+		out, _ := exec.Command(podman, "inspect", "--format", "{{.State.Pid}}", name).Output()
+		pid, _ = strconv.Atoi(strings.TrimSpace(string(out)))
+	}
+	if pid == 0 {
+		t.Fatalf("podman's container never started")
+	}
+	progs, err := dumpFilters(pid)
+	if err != nil {
+		t.Fatalf("read podman's filters: %v", err)
+	}
+	if len(progs) == 0 {
+		t.Fatal("podman's container has no seccomp filter")
+	}
+	return progs
+}
+
 // descendant finds a process below pid whose comm is comm.
 func descendant(pid int, comm string) int {
 	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
@@ -142,26 +191,24 @@ func syscallNames() map[uint32]string {
 }
 
 // argVariants are the arguments each system call number is tried with:
-// none, and those the argument checks of either filter look at (a netlink
-// audit socket, AF_VSOCK, a user namespace, every bit set).
+// none, and those the argument checks of the filters look at (a netlink
+// audit socket, AF_VSOCK, a user namespace, a persona that turns off
+// address randomization, personality's query, every bit set).
 var argVariants = [][6]uint64{
 	{},
 	{unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_AUDIT},
 	{unix.AF_VSOCK, unix.SOCK_STREAM},
 	{unix.CLONE_NEWUSER},
+	{0x0040000},
+	{0xffffffff},
 	{^uint64(0), ^uint64(0), ^uint64(0), ^uint64(0), ^uint64(0), ^uint64(0)},
 }
 
-// TestAllowListCoversNspawn: cage-seal's filter refuses every system call
-// the real systemd-nspawn's own filter refuses a cage (nixcage's nspawn
-// options before cage-seal replaced that filter), on every ABI this
-// machine has, with each argument set either filter tests. What cage-seal
-// refuses besides is listed.
-func TestAllowListCoversNspawn(t *testing.T) {
-	if runtime.GOARCH != "amd64" {
-		t.Skip("the x86 ABIs are checked on amd64")
-	}
-	nsp := nspawnFilters(t)
+// coversFilters: cage-seal's filter refuses every system call the
+// manager's filters refuse, on every ABI this machine has, with each
+// argument set; what cage-seal refuses besides is logged.
+func coversFilters(t *testing.T, manager string, theirs [][]unix.SockFilter) {
+	t.Helper()
 	ours, err := Program()
 	if err != nil {
 		t.Fatal(err)
@@ -183,22 +230,42 @@ func TestAllowListCoversNspawn(t *testing.T) {
 		for nr := uint32(0); nr < 1024; nr++ {
 			for _, args := range argVariants {
 				d := seccompData{nr: abi.base + nr, arch: abi.arch, args: args}
-				theirs, err := runAll(nsp, d)
+				them, err := runAll(theirs, d)
 				if err != nil {
-					t.Fatalf("nspawn's filter: %v", err)
+					t.Fatalf("%s's filter: %v", manager, err)
 				}
-				mine, err := run(ours, d)
+				us, err := run(ours, d)
 				if err != nil {
 					t.Fatalf("cage-seal's filter: %v", err)
 				}
 				switch {
-				case !allowed(theirs) && allowed(mine):
-					t.Errorf("%s %s(%#x, %#x, %#x): nspawn refuses it (%s), cage-seal allows it", abi.name, name(nr), args[0], args[1], args[2], describe(theirs))
-				case allowed(theirs) && !allowed(mine) && abi.base == 0 && abi.arch == unix.AUDIT_ARCH_X86_64 && args == argVariants[0]:
-					stricter = append(stricter, name(nr)+"="+describe(mine))
+				case !allowed(them) && allowed(us):
+					t.Errorf("%s %s(%#x, %#x, %#x): %s refuses it (%s), cage-seal allows it", abi.name, name(nr), args[0], args[1], args[2], manager, describe(them))
+				case allowed(them) && !allowed(us) && abi.base == 0 && abi.arch == unix.AUDIT_ARCH_X86_64 && args == argVariants[0]:
+					stricter = append(stricter, name(nr)+"="+describe(us))
 				}
 			}
 		}
 	}
-	t.Logf("refused by cage-seal, allowed by nspawn (x86-64, no arguments): %s", strings.Join(stricter, " "))
+	t.Logf("refused by cage-seal, allowed by %s (x86-64, no arguments): %s", manager, strings.Join(stricter, " "))
+}
+
+// TestAllowListCoversNspawn: cage-seal refuses what the real
+// systemd-nspawn's own filter refused an nspawn cage (nixcage's nspawn
+// options before cage-seal replaced that filter).
+func TestAllowListCoversNspawn(t *testing.T) {
+	if runtime.GOARCH != "amd64" {
+		t.Skip("the x86 ABIs are checked on amd64")
+	}
+	coversFilters(t, "nspawn", nspawnFilters(t))
+}
+
+// TestAllowListCoversPodman: cage-seal refuses what the real podman's
+// default profile refused a podman cage (before podman cages ran with
+// seccomp=unconfined and cage-seal's filter alone).
+func TestAllowListCoversPodman(t *testing.T) {
+	if runtime.GOARCH != "amd64" {
+		t.Skip("the x86 ABIs are checked on amd64")
+	}
+	coversFilters(t, "podman", podmanFilters(t))
 }
