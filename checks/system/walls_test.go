@@ -360,25 +360,9 @@ func (e *cageEnv) assertWalls(t *testing.T, backend string, got map[string]probe
 // is replaced by a drop-in (the unit as rendered up to cage-seal --init).
 func (e *cageEnv) nspawnInit(t *testing.T, ctx context.Context, agent string) {
 	unit := systest.AgentUnit(agent)
-	b, err := e.m.ReadFile("/etc/systemd/system/" + unit)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const sealInit = " -- /etc/nixcage/cage-seal --init -- "
-	var exec string
-	for _, l := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(l, "ExecStart=") && strings.Contains(l, sealInit) {
-			exec = l[:strings.Index(l, sealInit)+len(sealInit)]
-		}
-	}
-	if exec == "" {
-		t.Fatalf("%s does not run its command under cage-seal --init:\n%s", unit, b)
-	}
 	command := func(script string) {
 		t.Helper()
-		q := `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`, "$", "$$", "%", "%%").Replace(script) + `"`
-		e.m.MustWriteFile(t, "/run/systemd/system/"+unit+".d/zz-init-test.conf", []byte("[Service]\nExecStart=\n"+exec+"/bin/sh -c "+q+"\nRestart=no\n"), 0o644)
-		e.m.MustRun(t, "systemctl", "daemon-reload")
+		e.agentCommand(t, agent, " -- /etc/nixcage/cage-seal --init -- ", "/bin/sh -c "+systemdQuote(script))
 		e.m.Run(ctx, "systemctl", "reset-failed", unit)
 	}
 	prop := func(p string) string { return strings.TrimSpace(e.m.MustRun(t, "systemctl", "show", "-P", p, unit)) }
@@ -431,8 +415,41 @@ func (e *cageEnv) nspawnInit(t *testing.T, ctx context.Context, agent string) {
 	if st, _ := e.m.UnitState(ctx, unit); st.Active == "active" || st.Active == "deactivating" {
 		t.Errorf("after the stop the cage is %s/%s", st.Active, st.Sub)
 	}
-	e.m.MustRun(t, "rm", "-f", "/run/systemd/system/"+unit+".d/zz-init-test.conf")
+	e.agentCommand(t, agent, "", "")
+}
+
+// agentCommand replaces an agent's command with cmd (already quoted for
+// systemd), through a drop-in that keeps the unit's ExecStart= as rendered
+// up to and including marker; no restart. An empty cmd removes the drop-in.
+func (e *cageEnv) agentCommand(t *testing.T, agent, marker, cmd string) {
+	t.Helper()
+	unit := systest.AgentUnit(agent)
+	dropIn := "/run/systemd/system/" + unit + ".d/zz-command.conf"
+	if cmd == "" {
+		e.m.MustRun(t, "rm", "-f", dropIn)
+		e.m.MustRun(t, "systemctl", "daemon-reload")
+		return
+	}
+	b, err := e.m.ReadFile("/etc/systemd/system/" + unit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var exec string
+	for _, l := range strings.Split(string(b), "\n") {
+		if i := strings.Index(l, marker); strings.HasPrefix(l, "ExecStart=") && i >= 0 {
+			exec = l[:i+len(marker)]
+		}
+	}
+	if exec == "" {
+		t.Fatalf("%s does not run its command after %q:\n%s", unit, marker, b)
+	}
+	e.m.MustWriteFile(t, dropIn, []byte("[Service]\nExecStart=\n"+exec+cmd+"\nRestart=no\n"), 0o644)
 	e.m.MustRun(t, "systemctl", "daemon-reload")
+}
+
+// systemdQuote quotes one word for a unit file's command line.
+func systemdQuote(s string) string {
+	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`, "$", "$$", "%", "%%").Replace(s) + `"`
 }
 
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }

@@ -69,6 +69,7 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 	fs.SetOutput(out)
 	n := fs.Int("n", 20, "starts per backend")
 	egressBin := fs.String("cage-egress", "", "cage-egress binary (default: build ./cmd/cage-egress)")
+	sandbox := fs.Bool("nspawn-sandbox", false, "also run the nspawn unit without its mount-namespace options, one group at a time")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -106,16 +107,22 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 	}
 	// What the managers' own seccomp filters cost per start: the nspawn
 	// and podman agents' units as they were before cage-seal's replaced them.
-	if err := writeBefore(m, "nsp", oldNspawn); err != nil {
-		return err
+	vs := variants
+	if *sandbox {
+		vs = append(vs, sandboxVariants...)
 	}
-	if err := writeBefore(m, "pod", oldPodman); err != nil {
-		return err
+	for _, v := range vs {
+		if err := v.write(m); err != nil {
+			return err
+		}
 	}
 	// systemd unloads an inactive unit nothing refers to, and with it its
 	// stamps: an active target ordered after every unit measured keeps
 	// them loaded (After= pulls nothing in).
-	hold := []string{"bench-base.service", hostRootCheck, oldNspawn, oldPodman}
+	hold := []string{"bench-base.service", hostRootCheck}
+	for _, v := range vs {
+		hold = append(hold, v.unit)
+	}
 	for _, b := range backends {
 		hold = append(hold, coldChain(b.backend, b.agent)...)
 	}
@@ -140,9 +147,10 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 	check := paths.Instance(paths.BindsTemplate, "svc")
 	rows = append(rows,
 		&row{name: "bind check, own root", unit: check, chain: []string{check}},
-		&row{name: "bind check, host root", unit: hostRootCheck, chain: []string{hostRootCheck}},
-		&row{name: "nspawn, as before", unit: oldNspawn, chain: []string{oldNspawn}},
-		&row{name: "podman, as before", unit: oldPodman, chain: []string{oldPodman}})
+		&row{name: "bind check, host root", unit: hostRootCheck, chain: []string{hostRootCheck}})
+	for _, v := range vs {
+		rows = append(rows, &row{name: v.row, unit: v.unit, chain: []string{v.unit}})
+	}
 	// Warm starts, interleaved round by round so that the load on this
 	// shared machine falls on every backend and the baseline alike.
 	for i := 0; i < *n; i++ {
@@ -280,38 +288,48 @@ func writeHostRootCheck(m *systest.Machine) error {
 	return m.WriteFile("/etc/systemd/system/bench-binds-hostroot@.service", []byte(strings.Join(keep, "\n")), 0o644)
 }
 
-// oldNspawn and oldPodman are the nspawn and podman agents' units as
-// rendered, turned back into the units before cage-seal's filter replaced
-// the managers' own (issue 16): for nspawn its own seccomp filter (with
-// its deny of io_uring), its stub init as PID 1 and cage-seal exec'ing the
-// command; for podman its default seccomp profile.
-const (
-	oldNspawn = "bench-nspawn-before.service"
-	oldPodman = "bench-podman-before.service"
-)
+// A variant is an agent's unit as rendered with some lines changed, run
+// as a row of its own in the same run: what a stage costs.
+type variant struct {
+	row, unit, agent string
+	edits            [][2]string // each old string must occur once
+}
 
-var before = map[string][][2]string{
-	oldNspawn: {
+// variants are the managers' own seccomp filters as they were before
+// cage-seal's replaced them (issue 16): nspawn's filter (with its deny of
+// io_uring), its stub init as PID 1 and cage-seal exec'ing the command;
+// podman's default profile.
+var variants = []variant{
+	{"nspawn, as before", "bench-nspawn-before.service", "nsp", [][2]string{
 		{"\nEnvironment=SYSTEMD_SECCOMP=0\n", "\n"},
 		{" --kill-signal=SIGTERM ", ` "--system-call-filter=~io_uring_setup io_uring_enter io_uring_register" --as-pid2 `},
 		{" /etc/nixcage/cage-seal --init -- ", " /etc/nixcage/cage-seal -- "},
-	},
-	oldPodman: {{" --security-opt=seccomp=unconfined ", " "}},
+	}},
+	{"podman, as before", "bench-podman-before.service", "pod", [][2]string{{" --security-opt=seccomp=unconfined ", " "}}},
 }
 
-func writeBefore(m *systest.Machine, agent, name string) error {
-	b, err := m.ReadFile("/etc/systemd/system/" + systest.AgentUnit(agent))
+// sandboxVariants (-nspawn-sandbox) take the nspawn unit's own sandbox
+// apart: what its mount-namespace options cost.
+var sandboxVariants = []variant{
+	{"nspawn, no PrivateTmp=", "bench-nspawn-notmp.service", "nsp", [][2]string{{"\nPrivateTmp=yes\n", "\n"}}},
+	{"nspawn, no ProtectHome=", "bench-nspawn-nohome.service", "nsp", [][2]string{{"\nProtectHome=yes\n", "\n"}}},
+	{"nspawn, no mount options", "bench-nspawn-nomnt.service", "nsp", [][2]string{{"\nPrivateTmp=yes\n", "\n"}, {"\nProtectHome=yes\n", "\n"},
+		{"\nProtectKernelModules=yes\n", "\n"}, {"\nProtectKernelLogs=yes\n", "\n"}}},
+}
+
+func (v variant) write(m *systest.Machine) error {
+	b, err := m.ReadFile("/etc/systemd/system/" + systest.AgentUnit(v.agent))
 	if err != nil {
 		return err
 	}
 	u := string(b) // every other line as rendered
-	for _, r := range before[name] {
+	for _, r := range v.edits {
 		if strings.Count(u, r[0]) != 1 {
-			return fmt.Errorf("%s: expected %q once", systest.AgentUnit(agent), r[0])
+			return fmt.Errorf("%s: expected %q once", systest.AgentUnit(v.agent), r[0])
 		}
 		u = strings.Replace(u, r[0], r[1], 1)
 	}
-	return m.WriteFile("/etc/systemd/system/"+name, []byte(u), 0o644)
+	return m.WriteFile("/etc/systemd/system/"+v.unit, []byte(u), 0o644)
 }
 
 // baseUnit runs the same command with no cage; Type=exec as the agents.
