@@ -31,8 +31,8 @@ type liveTunnel struct {
 	host    string
 	aliases []string
 	conn    net.Conn
-	mu   sync.Mutex
-	ban  *policy.Ban // set when a ban closed it
+	mu      sync.Mutex
+	ban     *policy.Ban // set when a ban closed it
 }
 
 func (t *liveTunnel) bannedBy() *policy.Ban {
