@@ -450,15 +450,26 @@ func (r *renderer) nspawnBackend(a *config.Agent) section {
 		"KeyringMode", "private",
 	)
 	if r.run == nil {
-		s.add("ProtectHome", "yes")
+		s.add(
+			"ProtectHome", "yes",
+			// nspawn's own /tmp and /var/tmp (its volatile root's mount
+			// point): empty tmpfs instead of PrivateTmp=, whose
+			// directories on the host's /tmp, made at every start and
+			// removed after, were ~35 ms of the start (docs/performance.md).
+			// PrivateMounts=, the other half of the same exposure score,
+			// costs nothing here: the unit has a mount namespace anyway;
+			// what nspawn mounts in it stays there.
+			"TemporaryFileSystem", "/tmp /var/tmp",
+			"PrivateMounts", "yes",
+		)
 	} else {
 		// /home stays hidden from nspawn itself except for exactly the
-		// directories bound into the cage.
+		// directories bound into the cage (which may be under /tmp).
 		s.add("ProtectHome", "tmpfs")
 		s.add(r.run.hostBinds()...)
+		s.add("PrivateTmp", "yes")
 	}
 	s.add(
-		"PrivateTmp", "yes",
 		"ProtectKernelModules", "yes",
 		"ProtectClock", "yes",
 		"ProtectKernelLogs", "yes",

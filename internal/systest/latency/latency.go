@@ -302,6 +302,7 @@ type variant struct {
 var variants = []variant{
 	{"nspawn, as before", "bench-nspawn-before.service", "nsp", [][2]string{
 		{"\nEnvironment=SYSTEMD_SECCOMP=0\n", "\n"},
+		{"\nTemporaryFileSystem=/tmp /var/tmp\nPrivateMounts=yes\n", "\nPrivateTmp=yes\n"},
 		{" --kill-signal=SIGTERM ", ` "--system-call-filter=~io_uring_setup io_uring_enter io_uring_register" --as-pid2 `},
 		{" /etc/nixcage/cage-seal --init -- ", " /etc/nixcage/cage-seal -- "},
 	}},
@@ -309,11 +310,13 @@ var variants = []variant{
 }
 
 // sandboxVariants (-nspawn-sandbox) take the nspawn unit's own sandbox
-// apart: what its mount-namespace options cost.
+// apart: what its mount-namespace options cost, and PrivateTmp= (as
+// before) against the tmpfs that replaced it.
 var sandboxVariants = []variant{
-	{"nspawn, no PrivateTmp=", "bench-nspawn-notmp.service", "nsp", [][2]string{{"\nPrivateTmp=yes\n", "\n"}}},
+	{"nspawn, PrivateTmp=", "bench-nspawn-privtmp.service", "nsp", [][2]string{{"\nTemporaryFileSystem=/tmp /var/tmp\nPrivateMounts=yes\n", "\nPrivateTmp=yes\n"}}},
+	{"nspawn, no private /tmp", "bench-nspawn-notmp.service", "nsp", [][2]string{{"\nTemporaryFileSystem=/tmp /var/tmp\n", "\n"}}},
 	{"nspawn, no ProtectHome=", "bench-nspawn-nohome.service", "nsp", [][2]string{{"\nProtectHome=yes\n", "\n"}}},
-	{"nspawn, no mount options", "bench-nspawn-nomnt.service", "nsp", [][2]string{{"\nPrivateTmp=yes\n", "\n"}, {"\nProtectHome=yes\n", "\n"},
+	{"nspawn, no mount options", "bench-nspawn-nomnt.service", "nsp", [][2]string{{"\nTemporaryFileSystem=/tmp /var/tmp\n", "\n"}, {"\nProtectHome=yes\n", "\n"},
 		{"\nProtectKernelModules=yes\n", "\n"}, {"\nProtectKernelLogs=yes\n", "\n"}}},
 }
 
