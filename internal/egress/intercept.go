@@ -94,9 +94,17 @@ func (g *Gateway) intercept(raw net.Conn, pre []byte, t *target, rec audit.Recor
 	// A hijacked connection (a WebSocket relay) is done when its handler
 	// returns, not when net/http lets go of it.
 	var hijacked atomic.Bool
+	// HTTP/1.1 requests go upstream on the tunnel's own connection
+	// (upstream.go); HTTP/2 streams through the multiplexing Transport.
+	var up http.RoundTripper = g.h2
+	if !h2 {
+		tc := g.newTunnelClient()
+		defer tc.close()
+		up = tc
+	}
 	srv := &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			g.serveInner(w, r, t, h2)
+			g.serveInner(w, r, t, h2, up)
 			if hijacked.Load() {
 				closeOnce.Do(func() { close(l.done) })
 			}
@@ -125,7 +133,8 @@ func (g *Gateway) intercept(raw net.Conn, pre []byte, t *target, rec audit.Recor
 }
 
 // serveInner handles one request inside an intercepted tunnel.
-func (g *Gateway) serveInner(w http.ResponseWriter, r *http.Request, t *target, h2 bool) {
+// up is the upstream client for the tunnel's requests.
+func (g *Gateway) serveInner(w http.ResponseWriter, r *http.Request, t *target, h2 bool, up http.RoundTripper) {
 	start := time.Now()
 	rec := audit.Record{Method: r.Method, Host: t.host, Port: t.port, Path: r.URL.Path, Rule: t.rule}
 	if r.Method == http.MethodConnect {
@@ -179,9 +188,5 @@ func (g *Gateway) serveInner(w http.ResponseWriter, r *http.Request, t *target, 
 		defer release()
 	}
 	g.limitBody(w, r, t.st)
-	tr := g.h1
-	if h2 {
-		tr = g.h2
-	}
-	g.forwardWith(w, r, t, rec, start, tr, "https")
+	g.forwardWith(w, r, t, rec, start, up, "https")
 }
