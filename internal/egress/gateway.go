@@ -353,7 +353,10 @@ func (g *Gateway) newTransport(h2 bool) *http.Transport {
 			}
 			return g.dial(ctx, di.st, di.dst)
 		},
-		TLSClientConfig:       g.upTLS,
+		// A copy per transport: the HTTP/2 one adds "h2" to its
+		// NextProtos, which must not reach the HTTP/1.1 clients' offers.
+		// The session cache is shared.
+		TLSClientConfig:       g.upTLS.Clone(),
 		TLSHandshakeTimeout:   handshakeTimeout,
 		MaxIdleConnsPerHost:   64,
 		IdleConnTimeout:       90 * time.Second,

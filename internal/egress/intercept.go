@@ -97,10 +97,11 @@ func (g *Gateway) intercept(raw net.Conn, pre []byte, t *target, rec audit.Recor
 	// HTTP/1.1 requests go upstream on the tunnel's own connection
 	// (upstream.go); HTTP/2 streams through the multiplexing Transport.
 	var up http.RoundTripper = g.h2
+	var ucl *tunnelClient
 	if !h2 {
-		tc := g.newTunnelClient()
-		defer tc.close()
-		up = tc
+		ucl = g.newTunnelClient()
+		defer ucl.close()
+		up = ucl
 	}
 	srv := &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -128,6 +129,11 @@ func (g *Gateway) intercept(raw net.Conn, pre []byte, t *target, rec audit.Recor
 	srv.HTTP2 = h2Limits
 	if err := srv.Serve(l); err != nil && !errors.Is(err, net.ErrClosed) {
 		g.log.Debug("intercepted connection ended", "host", t.host, "err", err)
+	}
+	// The upstream connection is free for the next tunnel before the
+	// close record says this one ended.
+	if ucl != nil {
+		ucl.close()
 	}
 	finish(audit.Allowed, t.rule, "intercepted tunnel to "+t.host+" closed")
 }

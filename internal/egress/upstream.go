@@ -271,7 +271,9 @@ func (g *Gateway) dialUpstream(ctx context.Context, di dstInfo, key upKey) (*upC
 		return nil, err
 	}
 	conf := g.upTLS.Clone()
-	conf.ServerName = key.host
+	// No ALPN, as net/http's HTTP/1.1 Transport offers none: the
+	// upstream speaks HTTP/1.1 (a cached session does not change that).
+	conf.ServerName, conf.NextProtos = key.host, nil
 	tc := tls.Client(raw, conf)
 	hctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
 	err = tc.HandshakeContext(hctx)
@@ -298,10 +300,6 @@ func newUpConn(key upKey, conn net.Conn, raw syscall.Conn) *upConn {
 
 // send writes req on c and reads the response head. On error c is closed.
 func (tc *tunnelClient) send(c *upConn, req *http.Request) (*http.Response, error) {
-	ctx := req.Context()
-	// The agent going away (its tunnel closed, a ban) aborts the exchange.
-	stop := context.AfterFunc(ctx, c.close)
-	ex := &upExchange{tc: tc, c: c, stop: stop}
 	c.lim.left, c.lim.read = maxUpstreamHeader, 0
 	headTimeout := upstreamHeaderTimeout
 	if tc.headTimeout > 0 {
@@ -309,6 +307,15 @@ func (tc *tunnelClient) send(c *upConn, req *http.Request) (*http.Response, erro
 	}
 	if req.Body == nil {
 		_ = c.tc.SetReadDeadline(time.Now().Add(headTimeout))
+	}
+	ex := &upExchange{tc: tc, c: c}
+	// The agent going away (its tunnel closed, a ban) aborts the exchange:
+	// whatever waits on the upstream returns. The connection stays whole
+	// (a deadline, not a close), so an exchange that had read its answer
+	// to the end when the agent left still hands it on.
+	ex.aborts.Add(1)
+	ex.stop = context.AfterFunc(req.Context(), ex.abort)
+	if req.Body == nil {
 		if err := writeRequest(c, req); err != nil {
 			ex.fail()
 			return nil, err
@@ -323,7 +330,7 @@ func (tc *tunnelClient) send(c *upConn, req *http.Request) (*http.Response, erro
 				c.close() // the upstream sees a cut request, never a short one
 			} else {
 				ex.mu.Lock()
-				if !ex.gotHead {
+				if !ex.gotHead && !ex.aborted {
 					_ = c.tc.SetReadDeadline(time.Now().Add(headTimeout))
 				}
 				ex.mu.Unlock()
@@ -332,20 +339,28 @@ func (tc *tunnelClient) send(c *upConn, req *http.Request) (*http.Response, erro
 		}()
 	}
 	resp, err := readResponse(c, req)
-	if ex.wrote != nil {
-		ex.mu.Lock()
-		ex.gotHead = true
-		ex.mu.Unlock()
-	}
+	ex.mu.Lock()
+	ex.gotHead = true
+	ex.mu.Unlock()
 	if err != nil {
-		if werr := ex.fail(); werr != nil {
+		werr := ex.fail()
+		switch {
+		case ex.aborted:
+			err = fmt.Errorf("request abandoned by the agent: %w", context.Cause(req.Context()))
+		case werr != nil:
 			err = werr
-		} else if c.lim.read == 0 {
+		case c.lim.read == 0:
 			err = errNothingRead{err}
 		}
 		return nil, err
 	}
-	_ = c.tc.SetReadDeadline(time.Time{})
+	// The body has no deadline of its own (a stream may last), unless the
+	// agent has already gone.
+	ex.mu.Lock()
+	if !ex.aborted {
+		_ = c.tc.SetReadDeadline(time.Time{})
+	}
+	ex.mu.Unlock()
 	c.lim.left = 1<<63 - 1
 	ex.body = resp.Body
 	ex.keep = !resp.Close && !req.Close
@@ -390,16 +405,45 @@ func readResponse(c *upConn, req *http.Request) (*http.Response, error) {
 // upExchange is one request in flight on a connection; as the response's
 // body it decides, at Close, whether the connection carries the next one.
 type upExchange struct {
-	tc   *tunnelClient
-	c    *upConn
-	stop func() bool
-	body io.ReadCloser
-	eof  bool
-	keep bool
+	tc     *tunnelClient
+	c      *upConn
+	stop   func() bool    // unregisters abort
+	aborts sync.WaitGroup // done when abort cannot run any more
+	body   io.ReadCloser
+	eof    bool
+	keep   bool
+	closed bool
 
 	wrote   chan error // the body writer's result; nil without a body
 	mu      sync.Mutex
 	gotHead bool
+	aborted bool
+}
+
+// aLongTimeAgo is a deadline that has passed: I/O waiting on the
+// connection returns at once.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// abort runs when the agent's request context ends before the exchange
+// has.
+func (e *upExchange) abort() {
+	defer e.aborts.Done()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.aborted = true
+	_ = e.c.tc.SetDeadline(aLongTimeAgo)
+}
+
+// settle unregisters abort and waits for it if it started; it reports
+// whether it ran.
+func (e *upExchange) settle() bool {
+	if e.stop() {
+		e.aborts.Done()
+	}
+	e.aborts.Wait()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.aborted
 }
 
 func (e *upExchange) Read(p []byte) (int, error) {
@@ -413,8 +457,8 @@ func (e *upExchange) Read(p []byte) (int, error) {
 // fail closes the connection and waits for the body writer; it returns
 // the writer's error, if it had one.
 func (e *upExchange) fail() error {
-	e.stop()
 	e.c.close()
+	e.settle()
 	if e.wrote == nil {
 		return nil
 	}
@@ -426,9 +470,18 @@ func (e *upExchange) fail() error {
 // was written whole and the agent is still there; otherwise it is closed
 // (a half-read body is never drained: a stream may not end).
 func (e *upExchange) Close() error {
-	reuse := e.eof && e.keep && e.stop()
+	if e.closed {
+		return nil
+	}
+	e.closed = true
+	reuse := e.eof && e.keep
 	if !reuse {
 		e.c.close()
+	}
+	if e.settle() && reuse {
+		// The agent left after the answer was read whole: nothing was
+		// cut, the deadline abort set goes.
+		_ = e.c.tc.SetDeadline(time.Time{})
 	}
 	if e.wrote != nil {
 		t := time.NewTimer(writeWait)
