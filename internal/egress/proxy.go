@@ -107,18 +107,22 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	}
 	rec.Reason = approvedBy(dec)
 	rec.Rule = dec.Rule
-	dst, err := g.resolve(r.Context(), st, host, port)
+	dst, aliases, err := g.resolve(r.Context(), st, host, port)
 	if err != nil {
 		g.refuse(w, r, rec, resolveBlock(err), start)
 		return
 	}
-	t := &target{st: st, host: host, port: port, dst: dst, rule: dec.Rule}
+	t := &target{st: st, host: host, port: port, dst: dst, aliases: aliases, rule: dec.Rule}
 	g.limitBody(w, r, t.st)
 	g.forward(w, r, t, rec, start)
 }
 
 func resolveBlock(err error) *blockedErr {
 	var ref errRefused
+	var dec errDecided
+	if errors.As(err, &dec) {
+		return block(http.StatusForbidden, dec.d.Rule, "%s", dec.d.Reason)
+	}
 	if errors.As(err, &ref) {
 		return block(http.StatusForbidden, "address", "%v", err)
 	}
@@ -182,10 +186,11 @@ func (g *Gateway) handleConnect(w http.ResponseWriter, r *http.Request, st *stat
 	// The connection's slot (taken at accept) is the tunnel's: it is
 	// released when the tunnel ends, on whichever goroutine that is.
 	var dst netip.AddrPort
+	var aliases []string
 	if isLit {
 		dst, err = checkLiteral(st, lit, port)
 	} else {
-		dst, err = g.resolve(r.Context(), st, host, port)
+		dst, aliases, err = g.resolve(r.Context(), st, host, port)
 	}
 	if err != nil {
 		g.refuse(w, r, rec, resolveBlock(err), start)
@@ -221,7 +226,7 @@ func (g *Gateway) handleConnect(w http.ResponseWriter, r *http.Request, st *stat
 		pre, _ = brw.Reader.Peek(n)
 		pre = append([]byte(nil), pre...)
 	}
-	t := &target{st: st, host: host, port: port, dst: dst, rule: dec.Rule, tls: true, literal: isLit}
+	t := &target{st: st, host: host, port: port, dst: dst, aliases: aliases, rule: dec.Rule, tls: true, literal: isLit}
 	// Run the tunnel on a fresh goroutine and let the HTTP server's
 	// connection goroutine end: it would otherwise pin the request, its
 	// buffers and a grown stack for the tunnel's whole life.
@@ -229,7 +234,7 @@ func (g *Gateway) handleConnect(w http.ResponseWriter, r *http.Request, st *stat
 		go func() {
 			defer release()
 			defer conn.Close()
-			_, untrack := g.track(host, conn)
+			_, untrack := g.track(t, conn)
 			defer untrack()
 			g.intercept(conn, pre, t, rec, start)
 		}()
@@ -249,7 +254,7 @@ func (g *Gateway) handleConnect(w http.ResponseWriter, r *http.Request, st *stat
 		defer release()
 		defer conn.Close()
 		defer up.Close()
-		lt, untrack := g.track(host, conn)
+		lt, untrack := g.track(t, conn)
 		defer untrack()
 		g.relay(conn, up, t, rec, start, sent, lt)
 	}()
@@ -261,8 +266,11 @@ type target struct {
 	host string
 	port int
 	dst  netip.AddrPort
-	rule string
-	tls  bool // the agent's connection to the host is TLS end to end
+	// aliases are the names dst's answer went through (CNAME, DNAME),
+	// judged by bans for as long as the tunnel is open (bans.go).
+	aliases []string
+	rule    string
+	tls     bool // the agent's connection to the host is TLS end to end
 	// literal: an IP-literal CONNECT admitted by UnsafeBenchIPLiterals; the
 	// policy decides on the TLS SNI name (openTunnel).
 	literal bool
