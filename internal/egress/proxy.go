@@ -107,18 +107,22 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	}
 	rec.Reason = approvedBy(dec)
 	rec.Rule = dec.Rule
-	dst, err := g.resolve(r.Context(), st, host, port)
+	dst, aliases, err := g.resolve(r.Context(), st, host, port)
 	if err != nil {
 		g.refuse(w, r, rec, resolveBlock(err), start)
 		return
 	}
-	t := &target{st: st, host: host, port: port, dst: dst, rule: dec.Rule}
+	t := &target{st: st, host: host, port: port, dst: dst, aliases: aliases, rule: dec.Rule}
 	g.limitBody(w, r, t.st)
 	g.forward(w, r, t, rec, start)
 }
 
 func resolveBlock(err error) *blockedErr {
 	var ref errRefused
+	var dec errDecided
+	if errors.As(err, &dec) {
+		return block(http.StatusForbidden, dec.d.Rule, "%s", dec.d.Reason)
+	}
 	if errors.As(err, &ref) {
 		return block(http.StatusForbidden, "address", "%v", err)
 	}
@@ -208,15 +212,16 @@ func (g *Gateway) decideConnect(ctx context.Context, st *state, authority string
 		return nil, rec, false, block(http.StatusTooManyRequests, "rate-limit", "rate limit for %s exceeded", host)
 	}
 	var dst netip.AddrPort
+	var aliases []string
 	if isLit {
 		dst, err = checkLiteral(st, lit, port)
 	} else {
-		dst, err = g.resolve(ctx, st, host, port)
+		dst, aliases, err = g.resolve(ctx, st, host, port)
 	}
 	if err != nil {
 		return nil, rec, false, resolveBlock(err)
 	}
-	t = &target{st: st, host: host, port: port, dst: dst, rule: dec.Rule, tls: true, literal: isLit}
+	t = &target{st: st, host: host, port: port, dst: dst, aliases: aliases, rule: dec.Rule, tls: true, literal: isLit}
 	return t, rec, !isLit && st.intercepts(host), nil
 }
 
@@ -239,7 +244,7 @@ func (g *Gateway) tunnel(conn net.Conn, release func(), pre []byte, t *target, r
 	if intercepted {
 		defer release()
 		defer conn.Close()
-		_, untrack := g.track(t.host, conn)
+		_, untrack := g.track(t, conn)
 		defer untrack()
 		g.intercept(conn, pre, t, rec, start)
 		return
@@ -254,7 +259,7 @@ func (g *Gateway) tunnel(conn net.Conn, release func(), pre []byte, t *target, r
 		defer release()
 		defer conn.Close()
 		defer up.Close()
-		lt, untrack := g.track(t.host, conn)
+		lt, untrack := g.track(t, conn)
 		defer untrack()
 		g.relay(conn, up, t, rec, start, sent, lt)
 	}()
@@ -266,8 +271,11 @@ type target struct {
 	host string
 	port int
 	dst  netip.AddrPort
-	rule string
-	tls  bool // the agent's connection to the host is TLS end to end
+	// aliases are the names dst's answer went through (CNAME, DNAME),
+	// judged by bans for as long as the tunnel is open (bans.go).
+	aliases []string
+	rule    string
+	tls     bool // the agent's connection to the host is TLS end to end
 	// literal: an IP-literal CONNECT admitted by UnsafeBenchIPLiterals; the
 	// policy decides on the TLS SNI name (openTunnel).
 	literal bool

@@ -112,8 +112,8 @@ func (g *Gateway) relay(conn, up net.Conn, t *target, rec audit.Record, start ti
 	if errors.Is(err, errIdle) {
 		reason = "tunnel to " + t.host + " closed after idle timeout"
 	}
-	if b := lt.bannedBy(); b != nil {
-		reason = "tunnel to " + t.host + " closed: " + policy.Banned(b, t.host).Reason
+	if why := lt.banReason(); why != "" {
+		reason = "tunnel to " + t.host + " closed: " + why
 	}
 	rec.Event, rec.Decision, rec.Rule, rec.Reason = audit.EventClose, audit.Allowed, t.rule, withNote(rec.Reason, reason)
 	rec.BytesOut, rec.BytesIn = out+sent, in
