@@ -420,10 +420,6 @@ type upExchange struct {
 	aborted bool
 }
 
-// aLongTimeAgo is a deadline that has passed: I/O waiting on the
-// connection returns at once.
-var aLongTimeAgo = time.Unix(1, 0)
-
 // abort runs when the agent's request context ends before the exchange
 // has.
 func (e *upExchange) abort() {
