@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -64,20 +63,8 @@ exit 7
 // (the test holds the master: typed input, tty inside, Ctrl-C).
 func TestRunOnSystemd(t *testing.T) {
 	testenv.RequireSystem(t)
-	bins := systest.Binaries{
-		"cagectl":     systest.BuildT(t, "./cmd/cagectl"),
-		"caged":       systest.BuildT(t, "./cmd/caged"),
-		"cage-egress": systest.BuildT(t, "./cmd/cage-egress"),
-	}
-	m := systest.BootT(t)
-	in := systest.StartInternetT(t, m)
-	cfg := filepath.Join(t.TempDir(), "run.hcl")
-	os.WriteFile(cfg, []byte(runConfig), 0o644)
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	if err := systest.InstallNixcage(ctx, m, bins, cfg, nil); err != nil {
-		t.Fatal(err)
-	}
+	_, bins := cagedBinaries(t)
+	m, in, ctx := nixcageMachine(t, 4*time.Minute, bins, runConfig, nil, nil)
 	sh, run := machineScripts(t, ctx, m)
 	sh("useradd --no-create-home --uid 1500 runner && systemctl reload dbus && systemctl start nixcage-caged.service")
 	// The workspace lives on a filesystem with ID-mapped mounts (tmpfs
