@@ -101,15 +101,21 @@ func minTTL(sections [][]dns.RR) time.Duration {
 	return time.Duration(ttl) * time.Second
 }
 
-// bucket is the cage's lookup rate (ratelimit.Bucket under a lock).
-type bucket struct {
+// Lookups is a cage's budget of upstream lookups (ratelimit.Bucket under a
+// lock). The DNS filter and the gateway's Resolver share one: a name the
+// agent has the gateway look up for a CONNECT or plain HTTP request reaches
+// the upstream resolver just as a DNS query does, and carries as much data
+// in its labels.
+type Lookups struct {
 	mu sync.Mutex
 	b  *ratelimit.Bucket
 }
 
-func newBucket(rate, burst float64) *bucket { return &bucket{b: ratelimit.New(rate, burst)} }
+// NewLookups is a budget of LookupsPerSecond, burst LookupBurst.
+func NewLookups() *Lookups { return &Lookups{b: ratelimit.New(LookupsPerSecond, LookupBurst)} }
 
-func (b *bucket) take(now time.Time) bool {
+// Take spends one lookup, or says the budget is spent.
+func (b *Lookups) Take(now time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.Take(now)

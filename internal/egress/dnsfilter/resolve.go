@@ -25,6 +25,11 @@ import (
 type Resolver struct {
 	Server  string // host:port
 	Timeout time.Duration
+	// Lookups, when set, is the cage's lookup budget (the DNS filter's):
+	// a name not in the cache takes one lookup or fails with
+	// ErrLookupRate, so names the agent has the gateway resolve are
+	// bounded like the names it asks the filter for.
+	Lookups *Lookups
 
 	mu      sync.Mutex
 	answers map[string]addrEntry
@@ -90,6 +95,9 @@ func (r *Resolver) LookupChain(ctx context.Context, host string) ([]netip.Addr, 
 	now := time.Now()
 	if e, ok := r.cached(host, now); ok {
 		return e.addrs, e.aliases, nil
+	}
+	if r.Lookups != nil && !r.Lookups.Take(now) {
+		return nil, nil, ErrLookupRate
 	}
 	timeout := r.Timeout
 	if timeout == 0 {
