@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -233,5 +235,99 @@ func TestThreatDNSAnswerTypes(t *testing.T) {
 	r := h.want(t, func(r audit.Record) bool { return is("DNS", "smuggle.example.com", 53)(r) && r.Path == "A" }, audit.Flagged, "allow:*.example.com")
 	if !strings.Contains(r.Reason, "dropped 2 answer records of types other than the question's") {
 		t.Errorf("reason %q", r.Reason)
+	}
+}
+
+// hugeDNS is an upstream (or the owner of an allowed zone) answering every
+// A question with 4000 public addresses, the most a 64 KiB TCP answer
+// holds (over UDP: TC, so the gateway asks again over TCP), and NXDOMAIN
+// to everything else.
+func hugeDNS(t *testing.T) string {
+	t.Helper()
+	handler := dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(r)
+		q := r.Question[0]
+		switch {
+		case !strings.HasSuffix(q.Name, ".big.example.com."):
+			m.Rcode = dns.RcodeNameError
+		case w.LocalAddr().Network() == "udp":
+			m.Truncated = true
+		case q.Qtype == dns.TypeA:
+			for i := range 4000 {
+				m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 300}, A: net.IPv4(198, 51, byte(i>>8), byte(i))})
+			}
+		}
+		m.Compress = true
+		_ = w.WriteMsg(m)
+	})
+	l, pc, err := listenBoth("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	us := &dns.Server{PacketConn: pc, Handler: handler}
+	ts := &dns.Server{Listener: l, Handler: handler}
+	go us.ActivateAndServe()
+	go ts.ActivateAndServe()
+	t.Cleanup(func() { us.Shutdown(); ts.Shutdown() })
+	return pc.LocalAddr().String()
+}
+
+// vmRSS is a process's resident set in bytes.
+func vmRSS(t *testing.T, pid int) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return kb << 10
+		}
+	}
+	t.Fatalf("no VmRSS for pid %d", pid)
+	return 0
+}
+
+// TestThreatDNSHugeAnswers: the DNS filter's cache is bounded in bytes,
+// not only in entries. Red team, the agent in the cage's network
+// namespace asking for 300 distinct names under an allowed zone whose
+// owner answers each with 4000 addresses: on the code before the fix
+// every answer was cached whole (about 700 KiB each once parsed) and the
+// gateway process grew by about 240 MiB (600 names: 430 MiB; its unit's
+// MemoryMax is 512M, so a few hundred more kill it); now it grows by a
+// few MiB and still answers.
+func TestThreatDNSHugeAnswers(t *testing.T) {
+	testenv.RequirePrivileged(t)
+	h := setupHarness(t, nil)
+	h.dns.addr = hugeDNS(t)
+	_, gw := startCage(t, h)
+	pid := gw.Process.Pid
+	name := func(i int) string { return fmt.Sprintf("n%d.big.example.com", i) }
+	cageDNS(t, h, name(0), dns.TypeA) // the gateway's own start-up allocations first
+	base := vmRSS(t, pid)
+	const n = 300
+	for i := 1; i <= n; {
+		resp := cageDNS(t, h, name(i), dns.TypeA)
+		if resp.Rcode == dns.RcodeRefused { // the lookup budget: wait for it
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		if resp.Rcode != dns.RcodeSuccess || !resp.Truncated || len(resp.Answer) == 0 {
+			t.Fatalf("%s: %v", name(i), resp)
+		}
+		i++
+	}
+	grown := vmRSS(t, pid) - base
+	t.Logf("%d answers of 4000 addresses: the gateway grew by %.1f MiB", n, float64(grown)/(1<<20))
+	if grown > 96<<20 {
+		t.Fatalf("the gateway grew by %.1f MiB holding %d huge answers (MemoryMax is 512M)", float64(grown)/(1<<20), n)
+	}
+	if err := gw.Process.Signal(syscall.Signal(0)); err != nil {
+		t.Fatalf("the gateway (pid %d) is gone: %v", pid, err)
 	}
 }

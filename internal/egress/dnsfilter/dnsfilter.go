@@ -84,7 +84,7 @@ var ErrLookupRate = fmt.Errorf("more than %d lookups per second (burst %d) from 
 
 func (f *Filter) init() {
 	f.once.Do(func() {
-		f.cache = newCache(cacheEntries)
+		f.cache = newCache(cacheEntries, cacheCost)
 		if f.Lookups == nil {
 			f.Lookups = NewLookups()
 		}
