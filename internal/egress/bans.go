@@ -105,13 +105,15 @@ func (g *Gateway) banned(host string) (policy.Decision, bool) {
 	return policy.Decision{}, false
 }
 
-// bannedTarget is the refusal of t if a ban covers its host or one of the
-// aliases its address came through.
+// bannedTarget is the refusal of t if a ban covers its host, or a ban or
+// the deny list now in force covers one of the aliases its address came
+// through (a reload's new deny entry applies to the next request, as it
+// does for the host).
 func (g *Gateway) bannedTarget(t *target) (policy.Decision, bool) {
 	if d, ok := g.banned(t.host); ok {
 		return d, true
 	}
-	return dnsfilter.Chain{Qname: t.host, Aliases: t.aliases}.Refused(nil, g.Bans())
+	return g.aliasRefused(g.st.Load(), t.host, t.aliases, t.rule)
 }
 
 // banFor is the first ban covering host or one of its aliases, or nil.
