@@ -15,13 +15,21 @@ import (
 // an ordinary answer is still cached. Red team: before the fix every such
 // answer was kept.
 func TestResolverCacheBounded(t *testing.T) {
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", pc.LocalAddr().String())
-	if err != nil {
-		t.Fatal(err)
+	// One port for UDP and TCP (the Resolver retries a TC answer over
+	// TCP at the same address); another process may hold the TCP one.
+	var pc net.PacketConn
+	var l net.Listener
+	for i := 0; l == nil; i++ {
+		var err error
+		if pc, err = net.ListenPacket("udp", "127.0.0.1:0"); err != nil {
+			t.Fatal(err)
+		}
+		if l, err = net.Listen("tcp", pc.LocalAddr().String()); err != nil {
+			pc.Close()
+			if i == 20 {
+				t.Fatal(err)
+			}
+		}
 	}
 	handler := dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
 		m := new(dns.Msg)
