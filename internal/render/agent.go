@@ -378,10 +378,10 @@ func (r *renderer) serviceBackend(a *config.Agent) section {
 // serviceCageHardening is baseHardening for the service cage, with the two
 // options whose every mount is moot in the cage's skeleton root replaced by
 // what holds the same walls at a fraction of the cost. systemd 252 re-reads
-// the whole mount table for each mount entry it sets up, three times over
-// (bind, make read-only, make no-exec), and these two added 29 of the 43
-// entries, 47 of the 111 mount-table parses of a cage start (strace of PID
-// 1; docs/performance.md, "Cage start latency"):
+// the whole mount table for each mount entry it sets up, and again in its
+// read-only and no-exec passes, and these two added 14 of the 62 mount()
+// calls and 47 of the 112 mount-table parses of a cage start (strace of
+// PID 1; docs/performance.md, "Cage start latency"):
 //   - ProtectKernelTunables=: read-only binds of ~15 /proc paths
 //     (/proc/sys, /proc/sysrq-trigger, /proc/kcore, ...) which ProcSubset=pid
 //     already leaves out of the cage's /proc (it shows process directories

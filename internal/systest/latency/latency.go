@@ -31,6 +31,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
 	"sort"
 	"strconv"
@@ -135,7 +136,9 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 	// Warm starts, interleaved round by round so that the load on this
 	// shared machine falls on every backend and the baseline alike.
 	for i := 0; i < *n; i++ {
-		for _, r := range rows {
+		// In a new order each round (see runGroups).
+		for _, j := range rand.New(rand.NewPCG(2, uint64(i))).Perm(len(rows)) {
+			r := rows[j]
 			if r.err != nil {
 				continue
 			}
@@ -287,7 +290,7 @@ func writeServiceVariants(m *systest.Machine) error {
 		return fmt.Errorf("%s has no [Service] section", name)
 	}
 	// Its own cgroup is bound at /sys/fs/cgroup by the unit's name.
-	own := "/sys/fs/cgroup/system.slice/system-nixcage\\x2dagent.slice/" + name + ":"
+	own := `/sys/fs/cgroup/system.slice/system-nixcage\\x2dagent.slice/` + name + ":" // as the unit file escapes it
 	if !strings.Contains(u, own) {
 		return fmt.Errorf("%s does not bind its cgroup as %s", name, own)
 	}
