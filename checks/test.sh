@@ -80,6 +80,8 @@ gotest=${PIPESTATUS[0]}
 
 step "fuzz the config loader (20s)"
 check fuzz "FuzzLoad (20s)" go test -run '^$' -fuzz FuzzLoad -fuzztime 20s ./internal/config/
+step "fuzz the gateway's CONNECT parser (10s)"
+check fuzz "FuzzReadConnectHead (10s)" go test -run '^$' -fuzz FuzzReadConnectHead -fuzztime 10s ./internal/egress/
 
 step "summary"
 s=$((SECONDS - start))

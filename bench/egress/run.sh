@@ -54,7 +54,8 @@ PORT=${PORT:-23140}
 DNS=${DNS_ADDR:-127.77.$((RANDOM % 250 + 1)).53:53}
 
 echo "== building" >&2
-(cd "$ROOT" && go build -o "$W/cage-egress" ./cmd/cage-egress && go build -o "$W/loadgen" ./bench/egress/loadgen)
+# -tags netgo as nix/package.nix builds it: a static cage-egress, no libc.
+(cd "$ROOT" && go build -tags netgo -o "$W/cage-egress" ./cmd/cage-egress && go build -o "$W/loadgen" ./bench/egress/loadgen)
 (cd "$ROOT/bench/egress/goproxy" && go build -o "$W/goproxy" .)
 if [ -n "${BASE_EGRESS:-}" ]; then cp "$BASE_EGRESS" "$W/cage-egress-base"; fi
 [ -n "${PROFILE:-}" ] && SMOKESCREEN=${SMOKESCREEN:-none}

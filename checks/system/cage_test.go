@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -102,17 +100,7 @@ func bootNixcage(t *testing.T, agents ...agentSpec) *cageEnv {
 		"cage-probe": systest.BuildT(t, probePkg),
 	}
 	bins["cage-egress"] = systest.BuildT(t, "./cmd/cage-egress")
-	m := systest.BootT(t)
-	in := systest.StartInternetT(t, m)
-	cfg := filepath.Join(t.TempDir(), "cages.hcl")
-	if err := os.WriteFile(cfg, []byte(cageConfig(agents...)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	if err := systest.InstallNixcage(ctx, m, bins, cfg, map[string]string{"/etc/nixcage/secrets/api": realSecret}); err != nil {
-		t.Fatal(err)
-	}
+	m, in, _ := nixcageMachine(t, 2*time.Minute, bins, cageConfig(agents...), map[string]string{"/etc/nixcage/secrets/api": realSecret}, nil)
 	return &cageEnv{m: m, in: in}
 }
 

@@ -123,18 +123,11 @@ func TestCagedOnSystemd(t *testing.T) {
 	rel2 := makeRelease(t, cagectl, keys+".key", 2, "hello-from-generation-2")
 	rel1 := makeRelease(t, cagectl, keys+".key", 1, "hello-from-generation-1")
 
-	m := systest.BootT(t)
-	systest.StartInternetT(t, m)
-	cfg := filepath.Join(t.TempDir(), "caged.hcl")
-	os.WriteFile(cfg, []byte(strings.Replace(cagedConfig, "${agentAttack}", agentAttack, 1)), 0o644)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	if err := m.CopyIn(keys+".pub", "/etc/nixcage/release.pub", 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := systest.InstallNixcage(ctx, m, bins, cfg, nil); err != nil {
-		t.Fatal(err)
-	}
+	m, _, ctx := nixcageMachine(t, 3*time.Minute, bins, strings.Replace(cagedConfig, "${agentAttack}", agentAttack, 1), nil, func(m *systest.Machine) {
+		if err := m.CopyIn(keys+".pub", "/etc/nixcage/release.pub", 0o644); err != nil {
+			t.Fatal(err)
+		}
+	})
 	// caged sees neither /root nor /tmp (ProtectHome=, PrivateTmp=); cagectl
 	// hands it the directory as a descriptor, so /root works (rel2).
 	for _, r := range []struct{ src, dst string }{{rel2, "/srv/rel2"}, {rel2, "/root/rel2"}, {rel1, "/srv/rel1"}} {
@@ -142,14 +135,7 @@ func TestCagedOnSystemd(t *testing.T) {
 			t.Fatalf("copy release: %v\n%s", err, b)
 		}
 	}
-	sh := func(script string) string {
-		t.Helper()
-		out, err := m.Shell(ctx, script)
-		if err != nil {
-			t.Fatalf("%s: %v\n%s", script, err, out)
-		}
-		return out
-	}
+	sh, _ := machineScripts(t, ctx, m)
 	exitCode := func(script string) int {
 		out, err := m.Shell(ctx, script)
 		var re *systest.RunError

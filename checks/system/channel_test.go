@@ -98,15 +98,11 @@ func TestChannelOnSystemd(t *testing.T) {
 		"for i in $(seq 50); do curl -sk -o /dev/null https://127.0.0.1:8443/ && break; sleep 0.1; done")
 
 	// Host A: the machine's own caged.
-	cfg := filepath.Join(t.TempDir(), "channel.hcl")
-	os.WriteFile(cfg, []byte(channelConfig+"metrics {\n  listen = \"127.0.0.1:9477\"\n}\n"+channelControlBlock("host-a")+channelAgent), 0o644)
 	if err := m.CopyIn(keys+".pub", "/etc/nixcage/release.pub", 0o644); err != nil {
 		t.Fatal(err)
 	}
 	m.MustWriteFile(t, "/etc/nixcage/channel-ca.pem", caPEM, 0o644)
-	if err := systest.InstallNixcage(ctx, m, bins, cfg, nil); err != nil {
-		t.Fatal(err)
-	}
+	installConfig(t, ctx, m, bins, channelConfig+"metrics {\n  listen = \"127.0.0.1:9477\"\n}\n"+channelControlBlock("host-a")+channelAgent, nil)
 	sh("systemctl start nixcage-caged.service")
 
 	// Host B: a second caged with its own root (store, state, keys), its

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -84,23 +82,9 @@ type dayTwo struct {
 func bootDayTwo(t *testing.T, cfg string, secrets map[string]string) *dayTwo {
 	t.Helper()
 	testenv.RequireSystem(t)
-	bins := systest.Binaries{
-		"cagectl":     systest.BuildT(t, "./cmd/cagectl"),
-		"caged":       systest.BuildT(t, "./cmd/caged"),
-		"cage-egress": systest.BuildT(t, "./cmd/cage-egress"),
-		"cage-probe":  systest.BuildT(t, probePkg),
-	}
-	m := systest.BootT(t)
-	in := systest.StartInternetT(t, m)
-	file := filepath.Join(t.TempDir(), "cage.hcl")
-	if err := os.WriteFile(file, []byte(cfg), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	t.Cleanup(cancel)
-	if err := systest.InstallNixcage(ctx, m, bins, file, secrets); err != nil {
-		t.Fatal(err)
-	}
+	_, bins := cagedBinaries(t)
+	bins["cage-probe"] = systest.BuildT(t, probePkg)
+	m, in, ctx := nixcageMachine(t, 5*time.Minute, bins, cfg, secrets, nil)
 	d := &dayTwo{t: t, ctx: ctx, m: m, in: in}
 	d.sh("systemctl reload dbus && systemctl start nixcage-caged.service")
 	return d

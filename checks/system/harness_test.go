@@ -117,13 +117,7 @@ func harnessMachine(t *testing.T, ctx context.Context, bins systest.Binaries, co
 	start := time.Now()
 	installTools(t, m, tools)
 	t.Logf("CLIs copied into the machine in %s", time.Since(start).Round(time.Millisecond))
-	cfg := filepath.Join(t.TempDir(), "nixcage.hcl")
-	if err := os.WriteFile(cfg, []byte(config), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := systest.InstallNixcage(ctx, m, bins, cfg, secrets); err != nil {
-		t.Fatal(err)
-	}
+	installConfig(t, ctx, m, bins, config, secrets)
 	return m, in
 }
 

@@ -145,25 +145,14 @@ func TestRelayOnSystemd(t *testing.T) {
 	m := systest.BootT(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	cfg := filepath.Join(t.TempDir(), "relay.hcl")
-	os.WriteFile(cfg, []byte(relayHCL("operator", `agents = ["alpha", "claude"]`)), 0o644)
 	if err := m.CopyIn(keys+".pub", "/etc/nixcage/release.pub", 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if err := m.CopyIn(fake, tgfakeBin, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := systest.InstallNixcage(ctx, m, bins, cfg, map[string]string{relayTokenF: relayToken + "\n", "/etc/nixcage/secrets/anthropic": realAnthropicKey}); err != nil {
-		t.Fatal(err)
-	}
-	sh := func(script string) string {
-		t.Helper()
-		out, err := m.Shell(ctx, script)
-		if err != nil {
-			t.Fatalf("%s: %v\n%s", script, err, out)
-		}
-		return out
-	}
+	installConfig(t, ctx, m, bins, relayHCL("operator", `agents = ["alpha", "claude"]`), map[string]string{relayTokenF: relayToken + "\n", "/etc/nixcage/secrets/anthropic": realAnthropicKey})
+	sh, _ := machineScripts(t, ctx, m)
 	fails := func(script string) string {
 		t.Helper()
 		out, err := m.Shell(ctx, script)
@@ -380,10 +369,7 @@ func TestRelayOnSystemd(t *testing.T) {
 
 	// As admin over every agent, the relay applies releases: a tampered one
 	// is refused with caged's reason, a good one applied.
-	os.WriteFile(cfg, []byte(relayHCL("admin", "")), 0o644)
-	if err := m.CopyIn(cfg, systest.ConfigInstall, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	m.MustWriteFile(t, systest.ConfigInstall, []byte(relayHCL("admin", "")), 0o644)
 	sh("cagectl render " + systest.ConfigInstall + " --out /etc --bindir " + systest.BinDir + " && systemctl daemon-reload && systemctl reload dbus && cagectl reload")
 	sh("systemctl start " + relayUnit)
 	waitActive(relayUnit)

@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -64,20 +63,8 @@ exit 7
 // (the test holds the master: typed input, tty inside, Ctrl-C).
 func TestRunOnSystemd(t *testing.T) {
 	testenv.RequireSystem(t)
-	bins := systest.Binaries{
-		"cagectl":     systest.BuildT(t, "./cmd/cagectl"),
-		"caged":       systest.BuildT(t, "./cmd/caged"),
-		"cage-egress": systest.BuildT(t, "./cmd/cage-egress"),
-	}
-	m := systest.BootT(t)
-	in := systest.StartInternetT(t, m)
-	cfg := filepath.Join(t.TempDir(), "run.hcl")
-	os.WriteFile(cfg, []byte(runConfig), 0o644)
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	if err := systest.InstallNixcage(ctx, m, bins, cfg, nil); err != nil {
-		t.Fatal(err)
-	}
+	_, bins := cagedBinaries(t)
+	m, in, ctx := nixcageMachine(t, 4*time.Minute, bins, runConfig, nil, nil)
 	sh, run := machineScripts(t, ctx, m)
 	sh("useradd --no-create-home --uid 1500 runner && systemctl reload dbus && systemctl start nixcage-caged.service")
 	// The workspace lives on a filesystem with ID-mapped mounts (tmpfs
@@ -132,6 +119,12 @@ func TestRunOnSystemd(t *testing.T) {
 				t.Errorf("%s from %s: exit %d, output %q", backend, dir, code, out)
 			}
 		}
+	}
+
+	// caged reports a run's end before its teardown: a second run of the
+	// same name right after waits for that teardown instead of colliding.
+	if _, stderr, code := run("cagectl run --name again --no-workspace -- true && cagectl run --name again --backend service --no-workspace -- true"); code != 0 {
+		t.Errorf("two runs of one name back to back: exit %d\n%s", code, stderr)
 	}
 
 	// The service backend, no workspace, and a command that fails.
@@ -204,6 +197,7 @@ echo; cat /mnt/ro-data/note; echo x > /mnt/ro-data/new 2>/dev/null && echo bind-
 	if !injected {
 		t.Error("the fake API never received the real secret")
 	}
+	waitTornDown(t, sh)
 	if left := sh("ls /run/nixcage/runs/ 2>/dev/null; grep -rl " + runSecret + " /run/systemd /run/nixcage /var/lib/nixcage 2>/dev/null || true"); strings.TrimSpace(left) != "" {
 		t.Errorf("the secret or the run's files outlived the run:\n%s", left)
 	}
@@ -326,13 +320,30 @@ echo; cat /mnt/ro-data/note; echo x > /mnt/ro-data/new 2>/dev/null && echo bind-
 	sh("cagectl kill tty && cagectl stop tty")
 }
 
-// assertTornDown: nothing of any run is left but its audit.
+// assertTornDown: nothing of any run is left but its audit. caged reports
+// a run's end (cagectl exits) before it tears the cage down, and removes
+// the run's directory last; so this waits, up to 10 s, for every run's
+// directory to be gone, then checks that nothing else is left either.
 func assertTornDown(t *testing.T, sh func(string) string) {
 	t.Helper()
+	waitTornDown(t, sh)
 	left := sh(`ls -d /run/systemd/system/*@run-* /run/systemd/system/*@visible* /run/systemd/transient/*run-* /run/netns/nixcage-* /run/nixcage/runs/* /run/nixcage/cage/* /var/lib/nixcage/egress/* 2>/dev/null || true
 systemctl list-units --all --no-legend --plain 'nixcage-*' 'cage-egress*' | grep -v caged || true`)
 	if strings.TrimSpace(left) != "" {
 		t.Errorf("left after the run:\n%s", left)
+	}
+}
+
+// waitTornDown waits, up to 10 s, until no run's directory is left
+// (/run/nixcage/runs/NAME, removed last by a teardown).
+func waitTornDown(t *testing.T, sh func(string) string) {
+	t.Helper()
+	for i := 0; strings.TrimSpace(sh("ls /run/nixcage/runs/ 2>/dev/null || true")) != ""; i++ {
+		if i == 100 {
+			t.Errorf("a run's teardown is not done 10 s after its cagectl exited: %s", sh("ls /run/nixcage/runs/"))
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 

@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -78,20 +76,8 @@ const shellProbe = `echo "uid=$(id -u)"; grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoN
 // it).
 func TestShellOnSystemd(t *testing.T) {
 	testenv.RequireSystem(t)
-	bins := systest.Binaries{
-		"cagectl":     systest.BuildT(t, "./cmd/cagectl"),
-		"caged":       systest.BuildT(t, "./cmd/caged"),
-		"cage-egress": systest.BuildT(t, "./cmd/cage-egress"),
-	}
-	m := systest.BootT(t)
-	systest.StartInternetT(t, m)
-	cfg := filepath.Join(t.TempDir(), "shell.hcl")
-	os.WriteFile(cfg, []byte(shellConfig), 0o644)
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	if err := systest.InstallNixcage(ctx, m, bins, cfg, nil); err != nil {
-		t.Fatal(err)
-	}
+	_, bins := cagedBinaries(t)
+	m, _, ctx := nixcageMachine(t, 4*time.Minute, bins, shellConfig, nil, nil)
 	sh, run := machineScripts(t, ctx, m)
 	sh("useradd --no-create-home --uid 1500 runner && useradd --no-create-home --uid 1600 shadmin && systemctl reload dbus && systemctl start nixcage-caged.service")
 

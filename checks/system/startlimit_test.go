@@ -1,10 +1,7 @@
 package system
 
 import (
-	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -22,16 +19,9 @@ import (
 // machine then runs the signed control commands' checks (control_test.go).
 func TestGatewayStartLimit(t *testing.T) {
 	testenv.RequireSystem(t)
-	bins := systest.Binaries{
-		"cagectl":     systest.BuildT(t, "./cmd/cagectl"),
-		"caged":       systest.BuildT(t, "./cmd/caged"),
-		"cage-egress": systest.BuildT(t, "./cmd/cage-egress"),
-		"cage-probe":  systest.BuildT(t, probePkg),
-	}
-	m := systest.BootT(t)
-	in := systest.StartInternetT(t, m)
-	cfg := filepath.Join(t.TempDir(), "startlimit.hcl")
-	os.WriteFile(cfg, []byte(`
+	_, bins := cagedBinaries(t)
+	bins["cage-probe"] = systest.BuildT(t, probePkg)
+	m, in, ctx := nixcageMachine(t, 5*time.Minute, bins, `
 egress_policy "p" {
   allow = ["api.example.com"]
 }
@@ -50,20 +40,8 @@ agent "ap" {
     wait = "60s"
   }
 }
-`+controlBlock), 0o644)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	if err := systest.InstallNixcage(ctx, m, bins, cfg, nil); err != nil {
-		t.Fatal(err)
-	}
-	sh := func(script string) string {
-		t.Helper()
-		out, err := m.Shell(ctx, script)
-		if err != nil {
-			t.Fatalf("%s: %v\n%s", script, err, out)
-		}
-		return out
-	}
+`+controlBlock, nil, nil)
+	sh, _ := machineScripts(t, ctx, m)
 	waitFor := func(what, script string) {
 		t.Helper()
 		for i := 0; ; i++ {

@@ -27,6 +27,7 @@ import (
 	"github.com/nixcage/nixcage/internal/paths"
 	"github.com/nixcage/nixcage/internal/reconcile"
 	"github.com/nixcage/nixcage/internal/render"
+	"github.com/nixcage/nixcage/internal/tmpfiles"
 )
 
 // Throw-away cages (cagectl run). A run is a declared agent made at run
@@ -54,6 +55,7 @@ type run struct {
 	state  reconcile.State
 	active bool // the start job finished
 	seenUp bool // systemd reported the unit activating or active
+	ended  bool // the summary went out; the teardown is under way
 
 	once sync.Once
 	done chan struct{}
@@ -141,6 +143,14 @@ func (d *Daemon) prepareRun(req bus.RunRequest, bindF []*os.File, binds []bus.Ru
 		b := make([]byte, 4)
 		rand.Read(b)
 		name = "run-" + hex.EncodeToString(b)
+	}
+	if old := d.runByName(name); old != nil && old.isEnded() {
+		// Reported but still being torn down (finishRun): wait for it
+		// rather than refuse a name its caller is done with.
+		select {
+		case <-old.done:
+		case <-time.After(30 * time.Second):
+		}
 	}
 	if d.config().Agent(name) != nil || d.runByName(name) != nil {
 		return nil, nil, nil, fmt.Errorf("%w: %q is already a declared agent or a running cage; choose another --name", bus.ErrInvalid, name)
@@ -383,6 +393,9 @@ func (d *Daemon) launchRun(ctx context.Context, r *run, agent *config.Agent, sto
 	if _, err := render.Write(root, files); err != nil {
 		return fail(fmt.Errorf("run %s: %w", r.name, err))
 	}
+	if err := d.prepareRunCage(r, files); err != nil {
+		return fail(fmt.Errorf("run %s: %w", r.name, err))
+	}
 	// No daemon-reload: every unit of the run has a name systemd has never
 	// loaded, and systemd 252 rescans its unit directories when it looks
 	// up such a name after they changed (checked in checks/system: the
@@ -404,10 +417,12 @@ func (d *Daemon) launchRun(ctx context.Context, r *run, agent *config.Agent, sto
 	if _, err := d.sd.StartTransientUnitContext(ctx, unit, "fail", props, ch); err != nil {
 		return fail(fmt.Errorf("run %s: start: %w", r.name, err))
 	}
+	// systemd has loaded the run's units and queued their jobs.
+	queued := time.Since(tStart)
 	select {
 	case res := <-ch:
 		if res != "done" {
-			return fail(fmt.Errorf("run %s: the cage did not start (job %s); see journalctl -u %s -u %s", r.name, res, unit, paths.Instance(paths.PrepTemplate, r.name)))
+			return fail(fmt.Errorf("run %s: the cage did not start (job %s); see journalctl -u %s -u %s", r.name, res, unit, paths.Instance(paths.NetnsTemplate, r.name)))
 		}
 	case <-ctx.Done():
 		return fail(fmt.Errorf("run %s: waiting for the start: %w", r.name, ctx.Err()))
@@ -417,7 +432,7 @@ func (d *Daemon) launchRun(ctx context.Context, r *run, agent *config.Agent, sto
 	r.mu.Lock()
 	r.active = true
 	r.up = time.Now()
-	d.log.Info("throw-away cage up", "name", r.name, "start_job", r.up.Sub(tStart).Round(time.Microsecond))
+	d.log.Info("throw-away cage up", "name", r.name, "start_job", r.up.Sub(tStart).Round(time.Microsecond), "queued", queued.Round(time.Microsecond))
 	endedEarly := r.seenUp && isEnded(r.state)
 	if !r.seenUp {
 		r.state = reconcile.State{Load: "loaded", Active: "active", Sub: "running"}
@@ -512,6 +527,9 @@ func (d *Daemon) superviseRun(r *run) {
 	defer tk.Stop()
 	check := true // the caller may have left before the match was added
 	for {
+		if check && r.isEnded() {
+			return // cagectl exits on the summary; the teardown is finishRun's
+		}
 		if check && !d.callerPresent(r.sender) {
 			d.log.Info("caller of a throw-away cage left the bus; stopping it", "name", r.name, "by", r.by)
 			d.stopRun(r, "the caller left")
@@ -604,6 +622,12 @@ func (d *Daemon) runUnitChanged(unit string, s reconcile.State) bool {
 	return true
 }
 
+func (r *run) isEnded() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.ended
+}
+
 func isEnded(s reconcile.State) bool { return s.Active == "inactive" || s.Active == "failed" }
 
 // stopRun stops a run's command (the run then finishes as usual).
@@ -668,8 +692,16 @@ func (d *Daemon) SignalRun(ctx context.Context, name string, signal int32, calle
 	return nil
 }
 
-// finishRun reads the command's exit status, tears the cage down, and
-// reports the summary. It runs once per run.
+// finishRun reads the command's exit status, reports the summary once the
+// gateway's audit is complete, and then tears the cage down. It runs once
+// per run.
+//
+// The summary goes out before the teardown: the caller (cagectl run) exits
+// on it, and what the teardown does after — stopping the namespace and the
+// sockets, removing files — changes nothing the summary says. The run
+// stays registered (not listed by status) until its teardown is done, so
+// a run of the same name waits for it instead of colliding with it
+// (prepareRun); the run's directory, with the manifest, goes last.
 func (d *Daemon) finishRun(r *run, why string) {
 	r.once.Do(func() {
 		defer close(r.done)
@@ -679,18 +711,35 @@ func (d *Daemon) finishRun(r *run, why string) {
 		sum := bus.RunSummary{Name: r.name, Error: why, Audit: filepath.Join(paths.AuditDir(r.name), "audit.jsonl")}
 		sum.Exit, sum.Result = d.exitStatus(ctx, unit)
 		tEnd := time.Now()
-		d.teardownRun(ctx, d.units, r)
+		d.settleGateway(ctx, r)
 		d.auditSummary(r.name, &sum)
+		r.mu.Lock()
+		r.ended = true
+		r.mu.Unlock()
+		js, _ := json.Marshal(sum)
+		d.emit(bus.SignalRunFinished, r.name, sum.Exit, string(js))
+		tReported := time.Now()
+		d.teardownRun(ctx, d.units, r)
 		d.mu.Lock()
 		delete(d.runs, r.name)
 		d.mu.Unlock()
 		d.log.Info("throw-away cage ended", "name", r.name, "by", r.by, "exit", sum.Exit, "result", sum.Result,
-			"allowed", sum.Allowed, "flagged", sum.Flagged, "blocked", sum.Blocked, "duration", time.Since(r.started).Round(time.Millisecond),
-			"ran", tEnd.Sub(r.up).Round(time.Microsecond), "teardown", time.Since(tEnd).Round(time.Microsecond))
-		js, _ := json.Marshal(sum)
-		d.emit(bus.SignalRunFinished, r.name, sum.Exit, string(js))
+			"allowed", sum.Allowed, "flagged", sum.Flagged, "blocked", sum.Blocked, "duration", tReported.Sub(r.started).Round(time.Millisecond),
+			"ran", tEnd.Sub(r.up).Round(time.Microsecond), "reported", tReported.Sub(tEnd).Round(time.Microsecond),
+			"teardown", time.Since(tReported).Round(time.Microsecond))
 		d.publishAgents(ctx)
 	})
+}
+
+// settleGateway stops the run's gateway, if a request started it: it writes
+// each request's audit record as it decides and a tunnel's when the tunnel
+// closes, so once it has stopped, its audit log is complete. (A gateway
+// that never started stops at once.)
+func (d *Daemon) settleGateway(ctx context.Context, r *run) {
+	gw := paths.Instance(paths.EgressTemplate, r.name)
+	if err := d.units.Stop(ctx, gw); err != nil && !reconcile.IsNoSuchUnit(err) {
+		d.log.Warn("stop the throw-away cage's gateway before its summary", "name", r.name, "err", err)
+	}
 }
 
 // exitStatus is the command's exit status as a shell reports it.
@@ -729,7 +778,14 @@ func (d *Daemon) teardownRun(ctx context.Context, units reconcile.Units, r *run)
 		return
 	}
 	us := reconcile.AgentUnits(r.name)
-	states, _ := units.States(ctx, us)
+	// Only units systemd still has loaded: asking for one by name would
+	// load it again (the transient agent systemd already forgot, from its
+	// drop-in and the template, logging that its transient file is gone).
+	loaded, _ := units.SD.ListUnitsByPatternsContext(ctx, nil, us)
+	states := map[string]reconcile.State{}
+	for _, s := range loaded {
+		states[s.Name] = reconcile.State{Load: s.LoadState, Active: s.ActiveState, Sub: s.SubState}
+	}
 	for _, u := range us {
 		s := states[u]
 		if s.Running() {
@@ -752,7 +808,9 @@ func (d *Daemon) teardownRun(ctx context.Context, units reconcile.Units, r *run)
 			os.Remove(filepath.Dir(hp))
 		}
 	}
-	for _, p := range []string{paths.RunDir(r.name), paths.EgressState(r.name), paths.Runtime(r.name)} {
+	// The run's directory last: its manifest is how a later caged finds
+	// an unfinished teardown, and its absence says this one is done.
+	for _, p := range []string{paths.EgressState(r.name), paths.Runtime(r.name), paths.RunDir(r.name)} {
 		if err := os.RemoveAll(d.qdirs.Host(p)); err != nil {
 			d.log.Warn("teardown: remove", "path", p, "err", err)
 		}
@@ -803,8 +861,11 @@ func (d *Daemon) runStatuses() []bus.AgentStatus {
 	out := make([]bus.AgentStatus, 0, len(runs))
 	for _, r := range runs {
 		r.mu.Lock()
-		st := r.state
+		st, ended := r.state, r.ended
 		r.mu.Unlock()
+		if ended {
+			continue // reported; only its teardown is left
+		}
 		as := bus.AgentStatus{Name: r.name, Backend: r.backend, Unit: paths.Instance(paths.AgentTemplate, r.name),
 			LoadState: st.Load, ActiveState: st.Active, SubState: st.Sub, RunBy: r.by}
 		if d.audit != nil {
@@ -852,15 +913,4 @@ func readRunManifest(p string) []string {
 // mkdirReadable makes dir and its missing parents 0755 whatever caged's
 // umask (its unit's UMask=0077): the gateway and the prepare step read the
 // run's configuration as other users.
-func mkdirReadable(dir string) error {
-	if st, err := os.Stat(dir); err == nil && st.IsDir() {
-		return nil
-	}
-	if err := mkdirReadable(filepath.Dir(dir)); err != nil {
-		return err
-	}
-	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
-		return err
-	}
-	return os.Chmod(dir, 0o755)
-}
+func mkdirReadable(dir string) error { return tmpfiles.MkdirAll(dir) }

@@ -3,8 +3,10 @@ package egress
 import (
 	"context"
 	"net"
+	"net/netip"
 	"sync"
 
+	"github.com/nixcage/nixcage/internal/egress/dnsfilter"
 	"github.com/nixcage/nixcage/internal/policy"
 )
 
@@ -14,14 +16,23 @@ import (
 // the grants at every decision (new tunnels, every request inside an
 // intercepted tunnel, DNS), and open tunnels to a newly banned host are
 // closed; every other tunnel is left alone.
+//
+// A ban names hosts, and an allowed name whose DNS answer goes through a
+// banned name (a CNAME or DNAME chain) is that host under another name: the
+// gateway judges every alias the answer went through (resolve), and an
+// open tunnel is closed when a ban covers its host or any of its aliases.
+// A ban does not follow addresses: another name on the banned host's
+// addresses (a shared CDN, or a name the attacker points there) is not
+// refused by it (docs/fleet.md, "Fleet-wide host bans").
 
 // liveTunnel is an open tunnel the gateway can close when its host is
 // banned.
 type liveTunnel struct {
-	host string
-	conn net.Conn
-	mu   sync.Mutex
-	ban  *policy.Ban // set when a ban closed it
+	host    string
+	aliases []string
+	conn    net.Conn
+	mu      sync.Mutex
+	ban     *policy.Ban // set when a ban closed it
 }
 
 func (t *liveTunnel) bannedBy() *policy.Ban {
@@ -30,11 +41,24 @@ func (t *liveTunnel) bannedBy() *policy.Ban {
 	return t.ban
 }
 
-// track registers an open tunnel; the returned func forgets it.
-func (g *Gateway) track(host string, conn net.Conn) (*liveTunnel, func()) {
-	lt := &liveTunnel{host: host, conn: conn}
+// banReason is why the ban that closed t covers it ("" if none did),
+// naming the alias when the ban covers that rather than the host.
+func (t *liveTunnel) banReason() string {
+	b := t.bannedBy()
+	if b == nil {
+		return ""
+	}
+	if d, ok := (dnsfilter.Chain{Qname: t.host, Aliases: t.aliases}).Refused(nil, []policy.Ban{*b}); ok && !policy.Covers(b.Host, t.host) {
+		return d.Reason
+	}
+	return policy.Banned(b, t.host).Reason
+}
+
+// track registers an open tunnel to t; the returned func forgets it.
+func (g *Gateway) track(t *target, conn net.Conn) (*liveTunnel, func()) {
+	lt := &liveTunnel{host: t.host, aliases: t.aliases, conn: conn}
 	g.live.Store(lt, struct{}{})
-	if b := policy.BanFor(g.Bans(), host); b != nil {
+	if b := banFor(g.Bans(), lt.host, lt.aliases); b != nil {
 		// Banned between the decision and now.
 		g.cut(lt, b)
 	}
@@ -57,7 +81,7 @@ func (g *Gateway) SetBans(bans []policy.Ban) {
 	g.bans.Store(&cp)
 	g.live.Range(func(k, _ any) bool {
 		lt := k.(*liveTunnel)
-		if b := policy.BanFor(cp, lt.host); b != nil {
+		if b := banFor(cp, lt.host, lt.aliases); b != nil {
 			g.log.Warn("closing tunnel to banned host", "host", lt.host, "ban", b.ID)
 			g.cut(lt, b)
 		}
@@ -80,6 +104,59 @@ func (g *Gateway) banned(host string) (policy.Decision, bool) {
 	}
 	return policy.Decision{}, false
 }
+
+// bannedTarget is the refusal of t if a ban covers its host, or a ban or
+// the deny list now in force covers one of the aliases its address came
+// through (a reload's new deny entry applies to the next request, as it
+// does for the host).
+func (g *Gateway) bannedTarget(t *target) (policy.Decision, bool) {
+	if d, ok := g.banned(t.host); ok {
+		return d, true
+	}
+	return g.aliasRefused(g.st.Load(), t.host, t.aliases)
+}
+
+// banFor is the first ban covering host or one of its aliases, or nil.
+func banFor(bans []policy.Ban, host string, aliases []string) *policy.Ban {
+	if b := policy.BanFor(bans, host); b != nil {
+		return b
+	}
+	for _, a := range aliases {
+		if b := policy.BanFor(bans, a); b != nil {
+			return b
+		}
+	}
+	return nil
+}
+
+// chainResolver is a Resolver that also reports the aliases an answer
+// went through (dnsfilter.Resolver, cage-egress's own).
+type chainResolver interface {
+	LookupChain(ctx context.Context, host string) ([]netip.Addr, []string, error)
+}
+
+// lookup resolves host with its aliases when the resolver reports them (a
+// resolver that does not, such as net.Resolver in tests, gives none).
+func (g *Gateway) lookup(ctx context.Context, host string) ([]netip.Addr, []string, error) {
+	if cr, ok := g.opts.Resolver.(chainResolver); ok {
+		return cr.LookupChain(ctx, host)
+	}
+	addrs, err := g.opts.Resolver.LookupNetIP(ctx, "ip", host)
+	return addrs, nil, err
+}
+
+// aliasRefused is the refusal of host when a ban or the policy's deny list
+// covers one of its aliases (dnsfilter.Chain.Refused): the same judgement
+// the cage's DNS filter makes of the answer.
+func (g *Gateway) aliasRefused(st *state, host string, aliases []string) (policy.Decision, bool) {
+	return dnsfilter.Chain{Qname: host, Aliases: aliases}.Refused(st.pol.Deny, g.Bans())
+}
+
+// errDecided is a resolution refused by a policy decision (a banned or
+// denied alias), audited under the decision's rule.
+type errDecided struct{ d policy.Decision }
+
+func (e errDecided) Error() string { return e.d.Reason }
 
 // watchBans loads path now and whenever it changes, until ctx ends. A file
 // that cannot be trusted or parsed keeps the bans last in force: a broken

@@ -40,12 +40,12 @@ func writeBans(t *testing.T, path string, bans ...policy.Ban) {
 	}
 }
 
-// banPolicy allows plain. and other.example.com, tunnelled (not
-// intercepted), and names a bans file and a grants file in a root-owned
+// banPolicy allows plain., other. and alias.example.com (a CNAME of
+// other.example.com), tunnelled (not intercepted), and names a bans file and a grants file in a root-owned
 // 0755 directory, as caged's are.
 func banPolicy(t *testing.T, bfile, gfile *string) func(*policy.Runtime) {
 	return func(rt *policy.Runtime) {
-		rt.Policy.Allow = []string{"plain.example.com", "other.example.com"}
+		rt.Policy.Allow = []string{"plain.example.com", "other.example.com", "alias.example.com"}
 		rt.Policy.Inspect = nil
 		rt.Secrets = nil
 		dir := filepath.Join(filepath.Dir(rt.AuditFile), "control-run")
@@ -58,18 +58,30 @@ func banPolicy(t *testing.T, bfile, gfile *string) func(*policy.Runtime) {
 	}
 }
 
+// aliasOfOther makes alias.example.com a CNAME of other.example.com at the
+// fake resolver, as an allowed name an attacker points at a banned host.
+func aliasOfOther(h *harness) {
+	h.dns.setRRs("alias.example.com", "A",
+		"alias.example.com. 60 IN CNAME other.example.com.",
+		"other.example.com. 60 IN A 127.0.0.1")
+}
+
 // TestBanLiveInGateway: the real gateway watching a real bans file. A ban
 // written while it runs refuses the banned host at once (no restart),
 // beats the policy's allow list and a grant, is refused in DNS, closes the
 // open tunnel to the banned host and leaves an unrelated open tunnel
 // alone; a ban for another agent does not apply; a broken bans file keeps
-// the bans in force; removing the ban lifts it.
+// the bans in force; removing the ban lifts it. An allowed name that is a
+// CNAME of the banned host is the banned host: refused on CONNECT and in
+// DNS, its open tunnel closed (before the fix it stayed open and new
+// tunnels to it opened).
 func TestBanLiveInGateway(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("bans files must be owned by root (uid 0); run as root")
 	}
 	var bfile, gfile string
 	h := newHarness(t, banPolicy(t, &bfile, &gfile))
+	aliasOfOther(h)
 	port := h.up.tlsPort
 	auth := func(host string) string { return host + ":" + strconv.Itoa(port) }
 	now := time.Now()
@@ -87,6 +99,7 @@ func TestBanLiveInGateway(t *testing.T) {
 	}
 	unrelated, ubr := open("plain.example.com")
 	doomed, _ := open("other.example.com")
+	doomedAlias, _ := open("alias.example.com")
 	h.pollConnect(t, auth("api.example.com"), http.StatusOK).Close()
 
 	bans := []policy.Ban{
@@ -103,6 +116,16 @@ func TestBanLiveInGateway(t *testing.T) {
 	if !strings.Contains(r.Reason, "banned by b-0123456789ab") || !strings.Contains(r.Reason, "exfiltration endpoint") {
 		t.Errorf("refusal reason %q does not name the ban and its reason", r.Reason)
 	}
+	// The banned host under another name.
+	if _, st := h.connect(auth("alias.example.com"), ""); st != http.StatusForbidden {
+		t.Errorf("CONNECT to a CNAME of the banned host: %d, want 403", st)
+	}
+	ar := h.want(t, func(r audit.Record) bool {
+		return is("CONNECT", "alias.example.com", port)(r) && r.Decision == audit.Blocked
+	}, "blocked", "ban:b-0123456789ab")
+	if !strings.Contains(ar.Reason, "alias.example.com is an alias of other.example.com") || !strings.Contains(ar.Reason, "banned by b-0123456789ab") {
+		t.Errorf("refusal reason %q does not name the alias and the ban", ar.Reason)
+	}
 	// A ban beats a grant.
 	if _, st := h.connect(auth("api.example.com"), ""); st != http.StatusForbidden {
 		t.Errorf("granted but banned host: %d", st)
@@ -110,22 +133,28 @@ func TestBanLiveInGateway(t *testing.T) {
 	h.want(t, func(r audit.Record) bool {
 		return is("CONNECT", "api.example.com", port)(r) && r.Decision == audit.Blocked
 	}, "blocked", "ban:b-aaaaaaaaaaaa")
-	// DNS refuses the banned name.
-	m := new(dns.Msg)
-	m.SetQuestion("other.example.com.", dns.TypeA)
-	if resp, _, err := (&dns.Client{Timeout: 10 * time.Second}).Exchange(m, h.dnsAddr); err != nil || resp.Rcode != dns.RcodeRefused {
-		t.Errorf("DNS for a banned name: %v %v, want REFUSED", resp, err)
-	}
-	// The open tunnel to the banned host is closed, with the ban named.
-	doomed.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := doomed.Write([]byte("GET / HTTP/1.1\r\nHost: other.example.com\r\n\r\n")); err == nil {
-		if _, err := http.ReadResponse(bufio.NewReader(doomed), nil); err == nil {
-			t.Errorf("the open tunnel to the banned host still answers")
+	// DNS refuses the banned name, and its alias.
+	for _, name := range []string{"other.example.com.", "alias.example.com."} {
+		m := new(dns.Msg)
+		m.SetQuestion(name, dns.TypeA)
+		if resp, _, err := (&dns.Client{Timeout: 10 * time.Second}).Exchange(m, h.dnsAddr); err != nil || resp.Rcode != dns.RcodeRefused {
+			t.Errorf("DNS for %s (banned, or a CNAME of the banned name): %v %v, want REFUSED", name, resp, err)
 		}
 	}
-	cr := h.want(t, closed("CONNECT", "other.example.com", port), "allowed", "")
-	if !strings.Contains(cr.Reason, "banned by b-0123456789ab") {
-		t.Errorf("close record reason %q does not name the ban", cr.Reason)
+	h.want(t, is("DNS", "alias.example.com", 53), audit.Blocked, "ban:b-0123456789ab")
+	// The open tunnels to the banned host, by its name and its alias, are
+	// closed, with the ban named.
+	for host, c := range map[string]*tls.Conn{"other.example.com": doomed, "alias.example.com": doomedAlias} {
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := c.Write([]byte("GET / HTTP/1.1\r\nHost: " + host + "\r\n\r\n")); err == nil {
+			if _, err := http.ReadResponse(bufio.NewReader(c), nil); err == nil {
+				t.Errorf("the open tunnel to %s still answers", host)
+			}
+		}
+		cr := h.want(t, closed("CONNECT", host, port), "allowed", "")
+		if !strings.Contains(cr.Reason, "banned by b-0123456789ab") {
+			t.Errorf("close record reason %q does not name the ban", cr.Reason)
+		}
 	}
 	// The unrelated tunnel (and bob's ban of its host) leave it alone.
 	if st := tlsGet(t, unrelated, ubr, "plain.example.com"); st != http.StatusOK {
@@ -148,6 +177,7 @@ func TestBanLiveInGateway(t *testing.T) {
 	// Unban: the host is reachable again, without a restart.
 	writeBans(t, bfile, bans[1:]...)
 	h.pollConnect(t, auth("other.example.com"), http.StatusOK).Close()
+	h.pollConnect(t, auth("alias.example.com"), http.StatusOK).Close()
 	if st := tlsGet(t, unrelated, ubr, "plain.example.com"); st != http.StatusOK {
 		t.Fatalf("unrelated open tunnel after the unban: status %d", st)
 	}
@@ -158,12 +188,17 @@ func TestBanLiveInGateway(t *testing.T) {
 // the agent's curl inside it. A ban written while the gateway runs refuses
 // the banned host to the agent (403, audit rule ban:…) with no restart of
 // the gateway (same process), and a tunnel the agent holds open to an
-// unrelated host keeps working.
+// unrelated host keeps working. An allowed name the agent finds CNAMEd to
+// the banned host is refused too, on CONNECT and by the cage's DNS (before
+// the fix both answered); a name that merely shares the banned host's
+// address (plain.example.com, 127.0.0.1 like it) is not: bans name hosts,
+// not addresses (docs/fleet.md).
 func TestBanInCageNetns(t *testing.T) {
 	testenv.RequirePrivileged(t)
 	curl := testenv.LookPath(t, "curl")
 	var bfile, gfile string
 	h := setupHarness(t, banPolicy(t, &bfile, &gfile))
+	aliasOfOther(h)
 	agent, gw := startCage(t, h)
 	port := strconv.Itoa(h.up.tlsPort)
 	get := func(host string) string {
@@ -196,8 +231,10 @@ func TestBanInCageNetns(t *testing.T) {
 	if st := tlsGet(t, tc, br, "plain.example.com"); st != http.StatusOK {
 		t.Fatalf("unrelated tunnel: %d", st)
 	}
-	if got := get("other.example.com"); got != "200 200" {
-		t.Fatalf("other.example.com before the ban: %s", got)
+	for _, host := range []string{"other.example.com", "alias.example.com"} {
+		if got := get(host); got != "200 200" {
+			t.Fatalf("%s before the ban: %s", host, got)
+		}
 	}
 
 	writeBans(t, bfile, policy.Ban{ID: "b-0123456789ab", Host: "other.example.com", Agent: "*", CreatedUnix: time.Now().Unix(), Command: strings.Repeat("ab", 32), Reason: "exfiltration endpoint"})
@@ -211,6 +248,22 @@ func TestBanInCageNetns(t *testing.T) {
 	h.want(t, func(r audit.Record) bool {
 		return is("CONNECT", "other.example.com", h.up.tlsPort)(r) && r.Decision == audit.Blocked
 	}, audit.Blocked, "ban:b-0123456789ab")
+	if got := get("alias.example.com"); !strings.HasPrefix(got, "403") {
+		t.Errorf("a CNAME of the banned host from the cage: curl says %q, want 403", got)
+	}
+	ar := h.want(t, func(r audit.Record) bool {
+		return is("CONNECT", "alias.example.com", h.up.tlsPort)(r) && r.Decision == audit.Blocked
+	}, audit.Blocked, "ban:b-0123456789ab")
+	if !strings.Contains(ar.Reason, "alias of other.example.com") {
+		t.Errorf("refusal reason %q does not name the banned alias", ar.Reason)
+	}
+	if resp := cageDNS(t, h, "alias.example.com", dns.TypeA); resp.Rcode != dns.RcodeRefused || len(resp.Answer) != 0 {
+		t.Errorf("the cage's DNS answered a CNAME of the banned host: %v", resp)
+	}
+	h.want(t, is("DNS", "alias.example.com", 53), audit.Blocked, "ban:b-0123456789ab")
+	if got := get("plain.example.com"); got != "200 200" {
+		t.Errorf("a name sharing the banned host's address: %s, want 200 200 (bans name hosts)", got)
+	}
 	if st := tlsGet(t, tc, br, "plain.example.com"); st != http.StatusOK {
 		t.Fatalf("the unrelated open tunnel after the ban: %d", st)
 	}

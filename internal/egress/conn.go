@@ -14,38 +14,18 @@ import (
 	"github.com/nixcage/nixcage/internal/egress/audit"
 )
 
-// auditListener wraps the proxy listener so that connections refused by
-// net/http itself, before any handler runs (headers over the hard cap,
-// malformed requests, clients too slow to send a request header), still
-// produce an audit record: every decision is audited, not only the ones the
-// policy code makes.
-type auditListener struct {
-	net.Listener
-	g *Gateway
-}
-
-// ProxyListener wraps l for NewProxyServer.
+// ProxyListener wraps l for NewProxyServer: the front end (front.go)
+// accepts every connection, serves CONNECT tunnels itself and hands the
+// rest to the server through its Accept. Every connection takes a slot at
+// accept (max_tunnels counts plain-HTTP connections, CONNECT tunnels and
+// HTTP/2 streams alike, so no path holds gateway memory uncounted); one
+// over the cap gets a 503 and is closed. Each is an auditConn, so that a
+// connection refused before the policy code runs (a malformed or
+// oversized head, a client too slow to send one), by the front end or by
+// net/http, still produces an audit record: every decision is audited,
+// not only the ones the policy code makes.
 func (g *Gateway) ProxyListener(l net.Listener) net.Listener {
-	return &auditListener{Listener: l, g: g}
-}
-
-// Accept takes a slot for every connection (max_tunnels counts plain-HTTP
-// connections, CONNECT tunnels and HTTP/2 streams alike, so no path holds
-// gateway memory uncounted). A connection over the cap gets a 503 and is
-// closed, without ever reaching net/http.
-func (l *auditListener) Accept() (net.Conn, error) {
-	for {
-		c, err := l.Listener.Accept()
-		if err != nil {
-			return nil, err
-		}
-		release, n, limit, ok := l.g.acquire()
-		if !ok {
-			l.g.refuseConn(c, n, limit)
-			continue
-		}
-		return &auditConn{Conn: c, g: l.g, start: time.Now(), release: release}, nil
-	}
+	return &frontListener{Listener: l, g: g, conns: make(chan net.Conn), done: make(chan struct{})}
 }
 
 // acquire takes one of the max_tunnels slots; release gives it back (once).
@@ -119,11 +99,19 @@ type auditConn struct {
 	read    atomic.Int64
 	logOnce sync.Once
 	release func() // gives back the connection's slot; idempotent
+	// pre is what the front end read before handing the connection to
+	// net/http: replayed first, not counted again.
+	pre []byte
 }
 
 type connKey struct{}
 
 func (c *auditConn) Read(p []byte) (int, error) {
+	if len(c.pre) > 0 {
+		n := copy(p, c.pre)
+		c.pre = c.pre[n:]
+		return n, nil
+	}
 	n, err := c.Conn.Read(p)
 	c.read.Add(int64(n))
 	return n, err
@@ -166,7 +154,7 @@ func markServed(ctx context.Context) {
 // and hands over its slot: release must be called when the tunnel ends.
 func rawConn(c net.Conn) (raw net.Conn, release func()) {
 	if ac, ok := c.(*auditConn); ok {
-		return ac.Conn, ac.release
+		return withPrefix(ac.Conn, ac.pre), ac.release
 	}
 	return c, func() {}
 }

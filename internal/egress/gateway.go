@@ -293,28 +293,34 @@ type errRefused struct{ err error }
 func (e errRefused) Error() string { return e.err.Error() }
 
 // resolve looks host up once and vets every address. Any forbidden address
-// refuses the whole name: a mixed answer is how rebinding starts.
-func (g *Gateway) resolve(ctx context.Context, st *state, host string, port int) (netip.AddrPort, error) {
+// refuses the whole name: a mixed answer is how rebinding starts. A ban or
+// deny entry covering one of the answer's aliases refuses it too
+// (errDecided, bans.go); the aliases are returned for the tunnel to be
+// judged by later bans.
+func (g *Gateway) resolve(ctx context.Context, st *state, host string, port int) (netip.AddrPort, []string, error) {
 	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
 	defer cancel()
-	addrs, err := g.opts.Resolver.LookupNetIP(ctx, "ip", host)
+	addrs, aliases, err := g.lookup(ctx, host)
 	if err != nil {
-		return netip.AddrPort{}, fmt.Errorf("resolve %s: %w", host, err)
+		return netip.AddrPort{}, nil, fmt.Errorf("resolve %s: %w", host, err)
+	}
+	if d, ok := g.aliasRefused(st, host, aliases); ok {
+		return netip.AddrPort{}, nil, errDecided{d}
 	}
 	if len(addrs) == 0 {
-		return netip.AddrPort{}, fmt.Errorf("resolve %s: no addresses", host)
+		return netip.AddrPort{}, nil, fmt.Errorf("resolve %s: no addresses", host)
 	}
 	var pick netip.AddrPort
 	for _, a := range addrs {
 		ap := netip.AddrPortFrom(a.Unmap(), uint16(port))
 		if _, err := st.guard.CheckEndpoint(ap); err != nil {
-			return netip.AddrPort{}, errRefused{fmt.Errorf("%s resolves to %w", host, err)}
+			return netip.AddrPort{}, nil, errRefused{fmt.Errorf("%s resolves to %w", host, err)}
 		}
 		if !pick.IsValid() || (!pick.Addr().Is4() && ap.Addr().Is4()) {
 			pick = ap
 		}
 	}
-	return pick, nil
+	return pick, aliases, nil
 }
 
 // dial connects to a vetted address; the guard checks it again at connect.

@@ -158,7 +158,7 @@ func (g *Gateway) serveInner(w http.ResponseWriter, r *http.Request, t *target, 
 		rec.Rule = t.rule
 	}
 	// A ban applies to the next request of an open intercepted tunnel.
-	if dec, ok := g.banned(t.host); ok {
+	if dec, ok := g.bannedTarget(t); ok {
 		g.refuse(w, r, rec, block(http.StatusForbidden, dec.Rule, "%s", dec.Reason), start)
 		return
 	}

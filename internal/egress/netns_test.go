@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nixcage/nixcage/internal/egress/audit"
+	"github.com/nixcage/nixcage/internal/egress/prepare"
 	"github.com/nixcage/nixcage/internal/testenv"
 )
 
@@ -151,7 +152,7 @@ func startCage(t *testing.T, h *harness) (func(args ...string) (string, error), 
 	// ip netns exec bind-mounts /etc/netns/NAME/resolv.conf over
 	// /etc/resolv.conf: the cage's resolver is the gateway.
 	os.MkdirAll("/etc/netns/"+ns, 0o755)
-	os.WriteFile("/etc/netns/"+ns+"/resolv.conf", []byte(ResolvConfText), 0o644)
+	os.WriteFile("/etc/netns/"+ns+"/resolv.conf", []byte(prepare.ResolvConfText), 0o644)
 
 	var files []*os.File
 	err := inNetns("/run/netns/"+ns, func() error {

@@ -107,18 +107,22 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	}
 	rec.Reason = approvedBy(dec)
 	rec.Rule = dec.Rule
-	dst, err := g.resolve(r.Context(), st, host, port)
+	dst, aliases, err := g.resolve(r.Context(), st, host, port)
 	if err != nil {
 		g.refuse(w, r, rec, resolveBlock(err), start)
 		return
 	}
-	t := &target{st: st, host: host, port: port, dst: dst, rule: dec.Rule}
+	t := &target{st: st, host: host, port: port, dst: dst, aliases: aliases, rule: dec.Rule}
 	g.limitBody(w, r, t.st)
 	g.forward(w, r, t, rec, start)
 }
 
 func resolveBlock(err error) *blockedErr {
 	var ref errRefused
+	var dec errDecided
+	if errors.As(err, &dec) {
+		return block(http.StatusForbidden, dec.d.Rule, "%s", dec.d.Reason)
+	}
 	if errors.As(err, &ref) {
 		return block(http.StatusForbidden, "address", "%v", err)
 	}
@@ -145,101 +149,107 @@ func splitAuthority(auth string, defPort int) (string, int, error) {
 	return policy.Normalize(host), port, nil
 }
 
+// handleConnect is a CONNECT that reached net/http's server: one sent on
+// a connection that carried a plain request first (the front end reads
+// only a connection's first request, front.go). Decided and run exactly
+// like one from the front end.
 func (g *Gateway) handleConnect(w http.ResponseWriter, r *http.Request, st *state, start time.Time) {
-	rec := audit.Record{Method: http.MethodConnect}
-	host, port, err := splitAuthority(r.Host, 0)
-	rec.Host, rec.Port = host, port
-	if err != nil {
-		g.refuse(w, r, rec, block(http.StatusBadRequest, "authority", "CONNECT %v", err), start)
-		return
-	}
-	for _, h := range chainingHeaders {
-		if r.Header.Get(h) != "" {
-			g.refuse(w, r, rec, block(http.StatusForbidden, "proxy-chaining", "header %s: proxy chaining is not allowed", h), start)
-			return
-		}
-	}
-	lit, isLit := benchLiteral(g.opts.UnsafeBenchIPLiterals, host)
-	var dec policy.Decision
-	var b *blockedErr
-	if isLit {
-		if dec = decideLiteralPort(st, port); dec.Result != policy.Allow {
-			b = block(http.StatusForbidden, dec.Rule, "%s", dec.Reason)
-		}
-	} else {
-		dec, b = g.admit(r.Context(), st, g.decide(st, host, port, http.MethodConnect), host, port, http.MethodConnect, "")
-	}
+	t, rec, intercepted, b := g.decideConnect(r.Context(), st, r.Host, r.Header)
 	if b != nil {
 		g.refuse(w, r, rec, b, start)
 		return
 	}
-	rec.Reason = approvedBy(dec)
-	rec.Rule = dec.Rule
-	if !st.limiter.allow(host) {
-		g.refuse(w, r, rec, block(http.StatusTooManyRequests, "rate-limit", "rate limit for %s exceeded", host), start)
-		return
-	}
-	// The connection's slot (taken at accept) is the tunnel's: it is
-	// released when the tunnel ends, on whichever goroutine that is.
-	var dst netip.AddrPort
-	if isLit {
-		dst, err = checkLiteral(st, lit, port)
-	} else {
-		dst, err = g.resolve(r.Context(), st, host, port)
-	}
+	hc, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
-		g.refuse(w, r, rec, resolveBlock(err), start)
-		return
-	}
-	// A plain tunnel's upstream is dialled now, while the agent reads the
-	// 200 and sends its ClientHello: the connect's round trip leaves the
-	// tunnel's critical path. The address is the vetted one (and the guard
-	// checks it again at connect); no byte goes upstream before the SNI
-	// check passes, and a refused tunnel closes the connection unused.
-	intercepted := !isLit && st.intercepts(host)
-	var early *earlyDial
-	if !intercepted {
-		early = g.dialEarly(st, dst)
-	}
-	rc := http.NewResponseController(w)
-	hc, brw, err := rc.Hijack()
-	if err != nil {
-		early.discard()
 		g.refuse(w, r, rec, block(http.StatusInternalServerError, "hijack", "cannot take over connection: %v", err), start)
 		return
 	}
 	conn, release := rawConn(hc)
 	_ = conn.SetDeadline(time.Time{})
-	if _, err := io.WriteString(conn, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
-		early.discard()
-		conn.Close()
-		release()
-		return
-	}
 	var pre []byte
 	if n := brw.Reader.Buffered(); n > 0 {
 		pre, _ = brw.Reader.Peek(n)
 		pre = append([]byte(nil), pre...)
 	}
-	t := &target{st: st, host: host, port: port, dst: dst, rule: dec.Rule, tls: true, literal: isLit}
-	// Run the tunnel on a fresh goroutine and let the HTTP server's
-	// connection goroutine end: it would otherwise pin the request, its
-	// buffers and a grown stack for the tunnel's whole life.
-	if intercepted {
-		go func() {
-			defer release()
-			defer conn.Close()
-			_, untrack := g.track(host, conn)
-			defer untrack()
-			g.intercept(conn, pre, t, rec, start)
-		}()
+	// Off the HTTP server's connection goroutine, which would otherwise
+	// pin the request and its buffers for the tunnel's whole life.
+	go g.tunnel(conn, release, pre, t, rec, start, intercepted)
+}
+
+// decideConnect is the decision stage of a CONNECT to authority, from
+// either front end: the authority's form, proxy-chaining headers, the
+// policy (and an operator's approval, waiting on ctx), the rate limit,
+// and one resolution whose every address is classified. hdr holds at
+// least the chaining headers the request carried. On refusal b is set and
+// rec is the record to write with it.
+func (g *Gateway) decideConnect(ctx context.Context, st *state, authority string, hdr http.Header) (t *target, rec audit.Record, intercepted bool, b *blockedErr) {
+	rec = audit.Record{Method: http.MethodConnect}
+	host, port, err := splitAuthority(authority, 0)
+	rec.Host, rec.Port = host, port
+	if err != nil {
+		return nil, rec, false, block(http.StatusBadRequest, "authority", "CONNECT %v", err)
+	}
+	for _, h := range chainingHeaders {
+		if hdr.Get(h) != "" {
+			return nil, rec, false, block(http.StatusForbidden, "proxy-chaining", "header %s: proxy chaining is not allowed", h)
+		}
+	}
+	lit, isLit := benchLiteral(g.opts.UnsafeBenchIPLiterals, host)
+	var dec policy.Decision
+	if isLit {
+		if dec = decideLiteralPort(st, port); dec.Result != policy.Allow {
+			b = block(http.StatusForbidden, dec.Rule, "%s", dec.Reason)
+		}
+	} else {
+		dec, b = g.admit(ctx, st, g.decide(st, host, port, http.MethodConnect), host, port, http.MethodConnect, "")
+	}
+	if b != nil {
+		return nil, rec, false, b
+	}
+	rec.Reason = approvedBy(dec)
+	rec.Rule = dec.Rule
+	if !st.limiter.allow(host) {
+		return nil, rec, false, block(http.StatusTooManyRequests, "rate-limit", "rate limit for %s exceeded", host)
+	}
+	var dst netip.AddrPort
+	var aliases []string
+	if isLit {
+		dst, err = checkLiteral(st, lit, port)
+	} else {
+		dst, aliases, err = g.resolve(ctx, st, host, port)
+	}
+	if err != nil {
+		return nil, rec, false, resolveBlock(err)
+	}
+	t = &target{st: st, host: host, port: port, dst: dst, aliases: aliases, rule: dec.Rule, tls: true, literal: isLit}
+	return t, rec, !isLit && st.intercepts(host), nil
+}
+
+const established = "HTTP/1.1 200 Connection established\r\n\r\n"
+
+// tunnel runs an admitted CONNECT on the agent's raw connection (conn's
+// slot is given back by release when the tunnel ends). It answers 200;
+// an intercepted tunnel is then served on this goroutine until it ends. A
+// plain tunnel's upstream is dialled right after the 200, while the agent
+// reads it and builds its ClientHello, so the connect leaves the critical
+// path without a goroutine of its own; then the SNI check (openTunnel),
+// and the relay on fresh goroutines: this one has grown its stack parsing
+// the ClientHello and ends, so an idle tunnel holds two small stacks.
+func (g *Gateway) tunnel(conn net.Conn, release func(), pre []byte, t *target, rec audit.Record, start time.Time, intercepted bool) {
+	if _, err := io.WriteString(conn, established); err != nil {
+		conn.Close()
+		release()
 		return
 	}
-	// A plain tunnel's SNI check and dial run here, on the server's
-	// goroutine, whose stack has grown anyway: the goroutine that then
-	// holds the tunnel for its whole life starts with a small stack (the
-	// ClientHello parse alone grows one past 16 KiB, held per idle tunnel).
-	up, sent, ok := g.openTunnel(conn, pre, t, rec, start, early)
+	if intercepted {
+		defer release()
+		defer conn.Close()
+		_, untrack := g.track(t, conn)
+		defer untrack()
+		g.intercept(conn, pre, t, rec, start)
+		return
+	}
+	up, sent, ok := g.openTunnel(conn, pre, t, rec, start)
 	if !ok {
 		conn.Close()
 		release()
@@ -249,7 +259,7 @@ func (g *Gateway) handleConnect(w http.ResponseWriter, r *http.Request, st *stat
 		defer release()
 		defer conn.Close()
 		defer up.Close()
-		lt, untrack := g.track(host, conn)
+		lt, untrack := g.track(t, conn)
 		defer untrack()
 		g.relay(conn, up, t, rec, start, sent, lt)
 	}()
@@ -261,8 +271,11 @@ type target struct {
 	host string
 	port int
 	dst  netip.AddrPort
-	rule string
-	tls  bool // the agent's connection to the host is TLS end to end
+	// aliases are the names dst's answer went through (CNAME, DNAME),
+	// judged by bans for as long as the tunnel is open (bans.go).
+	aliases []string
+	rule    string
+	tls     bool // the agent's connection to the host is TLS end to end
 	// literal: an IP-literal CONNECT admitted by UnsafeBenchIPLiterals; the
 	// policy decides on the TLS SNI name (openTunnel).
 	literal bool

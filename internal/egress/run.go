@@ -24,6 +24,7 @@ import (
 	"github.com/nixcage/nixcage/internal/egress/audit"
 	"github.com/nixcage/nixcage/internal/egress/ca"
 	"github.com/nixcage/nixcage/internal/egress/dnsfilter"
+	"github.com/nixcage/nixcage/internal/egress/prepare"
 	"github.com/nixcage/nixcage/internal/paths"
 	"github.com/nixcage/nixcage/internal/policy"
 	"github.com/nixcage/nixcage/internal/stdio"
@@ -78,7 +79,7 @@ func runPrepare(args []string, stdio Stdio) error {
 	if err != nil {
 		return err
 	}
-	res, err := Prepare(rt, os.Getenv("CREDENTIALS_DIRECTORY"))
+	res, err := prepare.Prepare(rt, os.Getenv("CREDENTIALS_DIRECTORY"))
 	if err != nil {
 		return err
 	}
@@ -307,13 +308,13 @@ func loadCA(rt *policy.Runtime, credDir string) (*ca.Authority, error) {
 	if dir == "" {
 		state := os.Getenv("STATE_DIRECTORY")
 		if state == "" {
-			if len(InterceptHosts(rt)) > 0 {
+			if len(prepare.InterceptHosts(rt)) > 0 {
 				return nil, fmt.Errorf("egress config has no ca_dir and $STATE_DIRECTORY is unset: set ca_dir or run with StateDirectory=")
 			}
 			return nil, nil
 		}
 		dir = strings.Split(state, ":")[0]
-		if _, err := ca.Ensure(dir, "nixcage "+rt.Agent+" egress CA", ca.Constraints(InterceptHosts(rt))); err != nil {
+		if _, err := ca.Ensure(dir, "nixcage "+rt.Agent+" egress CA", ca.Constraints(prepare.InterceptHosts(rt))); err != nil {
 			return nil, err
 		}
 	}
@@ -325,7 +326,7 @@ func loadCA(rt *policy.Runtime, credDir string) (*ca.Authority, error) {
 	}
 	a, err := ca.Load(key, filepath.Join(dir, ca.CertFile))
 	if err != nil {
-		if errors.Is(err, os.ErrNotExist) && len(InterceptHosts(rt)) == 0 {
+		if errors.Is(err, os.ErrNotExist) && len(prepare.InterceptHosts(rt)) == 0 {
 			return nil, nil
 		}
 		return nil, fmt.Errorf("%w (run `cage-egress prepare --config FILE` first)", err)

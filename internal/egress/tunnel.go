@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/netip"
 	"os"
 	"sync/atomic"
 	"time"
@@ -51,19 +50,29 @@ func peekClientHello(conn net.Conn, pre []byte) (sni string, raw []byte, ok bool
 	return sni, rc.buf.Bytes(), got
 }
 
-// openTunnel is the first stage of an allowed, non-intercepted CONNECT: it
-// checks that the client's TLS SNI names the CONNECT host (a tunnel carries
-// TLS to the host the policy allowed, nothing else: no plain bytes, no
-// fronting), dials the vetted address, replays the ClientHello and writes
-// the open record. sent is the ClientHello's length; when ok is false the
-// refusal has been audited and nothing is left open but conn.
-func (g *Gateway) openTunnel(conn net.Conn, pre []byte, t *target, rec audit.Record, start time.Time, early *earlyDial) (up net.Conn, sent int64, ok bool) {
+// openTunnel is the first stage of an allowed, non-intercepted CONNECT,
+// run once the agent has its 200: it dials the vetted address (while the
+// agent builds its ClientHello), checks that the client's TLS SNI names the
+// CONNECT host (a tunnel carries TLS to the host the policy allowed,
+// nothing else: no plain bytes, no fronting), replays the ClientHello and
+// writes the open record. No byte goes upstream before the SNI check
+// passes; a refused tunnel closes the upstream connection unused. sent is
+// the ClientHello's length; when ok is false the refusal has been audited
+// and nothing is left open but conn.
+func (g *Gateway) openTunnel(conn net.Conn, pre []byte, t *target, rec audit.Record, start time.Time) (up net.Conn, sent int64, ok bool) {
 	refuse := func(rule, reason string, out int64) {
-		early.discard()
+		if up != nil {
+			up.Close()
+		}
 		rec.Decision, rec.Rule, rec.Reason = audit.Blocked, rule, reason
 		rec.BytesOut = out
 		rec.DurationMS = time.Since(start).Milliseconds()
 		g.logAudit(rec)
+	}
+	up, err := g.dial(context.Background(), t.st, t.dst)
+	if err != nil {
+		refuse("dial", "dial upstream: "+err.Error(), 0)
+		return nil, 0, false
 	}
 	sni, hello, isTLS := peekClientHello(conn, pre)
 	switch {
@@ -84,13 +93,7 @@ func (g *Gateway) openTunnel(conn net.Conn, pre []byte, t *target, rec audit.Rec
 		refuse("sni-mismatch", fmt.Sprintf("TLS SNI %q does not match CONNECT host %q (domain fronting)", sni, t.host), int64(len(hello)))
 		return nil, 0, false
 	}
-	up, err := early.wait()
-	if err != nil {
-		refuse("dial", "dial upstream: "+err.Error(), 0)
-		return nil, 0, false
-	}
 	if _, err := up.Write(hello); err != nil {
-		up.Close()
 		refuse("dial", "write upstream: "+err.Error(), 0)
 		return nil, 0, false
 	}
@@ -109,8 +112,8 @@ func (g *Gateway) relay(conn, up net.Conn, t *target, rec audit.Record, start ti
 	if errors.Is(err, errIdle) {
 		reason = "tunnel to " + t.host + " closed after idle timeout"
 	}
-	if b := lt.bannedBy(); b != nil {
-		reason = "tunnel to " + t.host + " closed: " + policy.Banned(b, t.host).Reason
+	if why := lt.banReason(); why != "" {
+		reason = "tunnel to " + t.host + " closed: " + why
 	}
 	rec.Event, rec.Decision, rec.Rule, rec.Reason = audit.EventClose, audit.Allowed, t.rule, withNote(rec.Reason, reason)
 	rec.BytesOut, rec.BytesIn = out+sent, in
@@ -119,49 +122,6 @@ func (g *Gateway) relay(conn, up net.Conn, t *target, rec audit.Record, start ti
 }
 
 var errIdle = errors.New("idle timeout")
-
-// earlyDial is an upstream connect started before the tunnel's SNI check,
-// so that it overlaps the agent's ClientHello; openTunnel takes the
-// connection (wait) or closes it unused (discard).
-type earlyDial struct {
-	cancel context.CancelFunc
-	done   chan struct{}
-	conn   net.Conn
-	err    error
-}
-
-func (g *Gateway) dialEarly(st *state, dst netip.AddrPort) *earlyDial {
-	ctx, cancel := context.WithCancel(context.Background())
-	d := &earlyDial{cancel: cancel, done: make(chan struct{})}
-	go func() {
-		d.conn, d.err = g.dial(ctx, st, dst)
-		close(d.done)
-	}()
-	return d
-}
-
-// wait returns the dialled connection; the caller owns it.
-func (d *earlyDial) wait() (net.Conn, error) {
-	<-d.done
-	d.cancel()
-	c, err := d.conn, d.err
-	d.conn = nil
-	return c, err
-}
-
-// discard stops the dial if it is still running and closes what it got.
-// Safe on nil and after wait.
-func (d *earlyDial) discard() {
-	if d == nil {
-		return
-	}
-	d.cancel()
-	<-d.done
-	if d.conn != nil {
-		d.conn.Close()
-		d.conn = nil
-	}
-}
 
 // logOpen writes the open record of an allowed tunnel (intercepted or
 // not); its close record follows with bytes and duration.

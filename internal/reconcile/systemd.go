@@ -24,6 +24,7 @@ type Systemd interface {
 	RestartUnitContext(ctx context.Context, name, mode string, ch chan<- string) (int, error)
 	KillUnitWithTarget(ctx context.Context, name string, target sdbus.Who, signal int32) error
 	ListUnitsByNamesContext(ctx context.Context, names []string) ([]sdbus.UnitStatus, error)
+	ListUnitsByPatternsContext(ctx context.Context, states, patterns []string) ([]sdbus.UnitStatus, error)
 	FreezeUnit(ctx context.Context, unit string) error
 	ThawUnit(ctx context.Context, unit string) error
 	ResetFailedUnitContext(ctx context.Context, name string) error

@@ -78,7 +78,11 @@ func (r *renderer) agent(a *config.Agent) error {
 			creds = append(creds, "LoadCredential", s.Name+":"+s.Source)
 		}
 		body := serialize([]section{sec("Service", creds...)})
-		for _, tpl := range []string{paths.PrepTemplate, paths.EgressTemplate} {
+		tpls := []string{paths.EgressTemplate}
+		if r.run == nil {
+			tpls = append(tpls, paths.PrepTemplate)
+		}
+		for _, tpl := range tpls {
 			r.add(filepath.Join("systemd/system", paths.Instance(tpl, a.Name)+".d", "50-credentials.conf"), 0o644, body)
 		}
 	}
@@ -125,12 +129,10 @@ func (r *renderer) agent(a *config.Agent) error {
 	if a.Resources.CPU != "" {
 		svc.add("CPUQuota", a.Resources.CPU)
 	}
-	depUnits := []string{
-		paths.Instance(paths.NetnsTemplate, a.Name),
-		paths.Instance(paths.PrepTemplate, a.Name),
+	depUnits := append(append([]string{paths.Instance(paths.NetnsTemplate, a.Name)}, r.prepUnit(a.Name)...),
 		paths.Instance(paths.ProxySocketTpl, a.Name),
 		paths.Instance(paths.DNSSocketTpl, a.Name),
-	}
+	)
 	deps := strings.Join(depUnits, " ")
 	desc := fmt.Sprintf("nixcage agent %s (%s backend)", a.Name, a.Backend)
 	if r.run != nil {

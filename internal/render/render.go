@@ -107,14 +107,17 @@ type section struct {
 
 func sec(name string, kv ...string) section {
 	s := section{name: name}
-	for i := 0; i+1 < len(kv); i += 2 {
-		s.opts = append(s.opts, [2]string{kv[i], kv[i+1]})
-	}
+	s.add(kv...)
 	return s
 }
 
+// add appends options; one with an empty key is left out (an option a
+// renderer decides against).
 func (s *section) add(kv ...string) {
 	for i := 0; i+1 < len(kv); i += 2 {
+		if kv[i] == "" {
+			continue
+		}
 		s.opts = append(s.opts, [2]string{kv[i], kv[i+1]})
 	}
 }

@@ -149,6 +149,28 @@ func (r *renderer) target() {
 	}
 }
 
+// staleNetns removes a namespace a crash left under the agent's name. Not
+// for a throw-away cage: its name is new (caged refuses one whose files are
+// still there), and should a namespace of that name exist all the same,
+// `ip netns add` fails the run rather than reuse it; one process fewer on
+// every run's path.
+func (r *renderer) staleNetns(netns string) [2]string {
+	if r.run != nil {
+		return [2]string{} // an empty key: sec skips it
+	}
+	return [2]string{"ExecStartPre", "-" + r.o.IP + " netns delete " + netns}
+}
+
+// prepUnit is the prepare step the gateway, its sockets and the agent
+// require: none for a throw-away cage, which caged prepares itself before
+// starting any of its units (docs/run.md, "Units").
+func (r *renderer) prepUnit(name string) []string {
+	if r.run != nil {
+		return nil
+	}
+	return []string{paths.Instance(paths.PrepTemplate, name)}
+}
+
 // templates are the same for every agent: everything agent-specific is
 // derived from the instance name %i through the paths package.
 func (r *renderer) templates() {
@@ -162,12 +184,13 @@ func (r *renderer) templates() {
 	// The namespace must not wait for basic.target: its socket units are
 	// ordered before sockets.target, which basic.target waits for.
 	netns := paths.NetnsName("%i")
+	stale := r.staleNetns(netns)
 	r.unit(paths.NetnsTemplate,
 		sec("Unit", append([]string{"Description", "nixcage network namespace of %i (loopback only, no route)"}, shutdown...)...),
 		sec("Service",
 			"Type", "oneshot",
 			"RemainAfterExit", "yes",
-			"ExecStartPre", "-"+r.o.IP+" netns delete "+netns,
+			stale[0], stale[1],
 			"ExecStart", r.o.IP+" netns add "+netns,
 			"ExecStart", r.o.IP+" -n "+netns+" link set lo up",
 			"ExecStop", r.o.IP+" netns delete "+netns,
@@ -206,13 +229,15 @@ func (r *renderer) templates() {
 		// agent's workspace is created here so its owner can be fixed later.
 		"UMask", "0022",
 	)
-	r.unit(paths.PrepTemplate,
-		sec("Unit", append([]string{"Description", "nixcage prepare cage %i (CA, placeholders, resolv.conf)"}, shutdown...)...),
-		prep,
-	)
+	if r.run == nil {
+		r.unit(paths.PrepTemplate,
+			sec("Unit", append([]string{"Description", "nixcage prepare cage %i (CA, placeholders, resolv.conf)"}, shutdown...)...),
+			prep,
+		)
+	}
 
 	netnsUnit := paths.Instance(paths.NetnsTemplate, "%i")
-	deps := strings.Join([]string{netnsUnit, paths.Instance(paths.PrepTemplate, "%i")}, " ")
+	deps := strings.Join(append([]string{netnsUnit}, r.prepUnit("%i")...), " ")
 	socketUnit := func(desc string) section {
 		return sec("Unit",
 			"Description", desc,
@@ -287,8 +312,8 @@ func (r *renderer) templates() {
 	r.unit(paths.EgressTemplate,
 		sec("Unit",
 			"Description", "nixcage egress gateway of %i",
-			"Requires", sockets+" "+paths.Instance(paths.PrepTemplate, "%i"),
-			"After", sockets+" "+paths.Instance(paths.PrepTemplate, "%i"),
+			"Requires", strings.Join(append([]string{sockets}, r.prepUnit("%i")...), " "),
+			"After", strings.Join(append([]string{sockets}, r.prepUnit("%i")...), " "),
 		),
 		svc,
 	)

@@ -210,15 +210,23 @@ func (f *Filter) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 			f.cache.put(key, resp, start)
 		}
 	}
+	// The chain is judged at every reply, cached or not: a ban issued
+	// while the answer is cached applies to the next query.
+	if d, refused := resp.chain.Refused(cfg.Policy.Deny, cfg.Bans); refused {
+		refuse(d.Reason, d.Rule)
+		return
+	}
 	m := resp.reply(r)
 	decision := audit.Allowed
 	var notes []string
 	if cached {
 		notes = append(notes, "from cache")
 	}
-	if len(resp.dropped) > 0 {
-		decision = audit.Flagged
-		notes = append(notes, fmt.Sprintf("dropped %d answers pointing at %s addresses", resp.droppedN, strings.Join(resp.dropped, ",")))
+	if vn, flag := resp.notes(); len(vn) > 0 {
+		notes = append(notes, vn...)
+		if flag {
+			decision = audit.Flagged
+		}
 	}
 	if unusual != "" {
 		decision = audit.Flagged
@@ -280,21 +288,30 @@ func (f *Filter) exchange(name string, qtype uint16, network string) (*dns.Msg, 
 type answer struct {
 	rcode     int
 	rrs       [][]dns.RR // answer, authority
+	chain     Chain      // checked against bans and deny entries per reply
 	dropped   []string   // address classes dropped
 	droppedN  int
+	stray     int      // answer records outside the question's chain, dropped
+	stripped  []string // SvcParam keys stripped from HTTPS/SVCB records
+	svcbN     int      // HTTPS/SVCB records stripped or dropped
 	truncated bool
 	ttl       time.Duration
 }
 
 // vetAnswer keeps the answer and authority sections (no additional
 // section: nothing the cage needs, and glue for names it may not ask
-// about), dropping A/AAAA records pointing at addresses the proxy would
-// refuse: the cage cannot use them, and they are the DNS half of a
-// rebinding attack.
+// about). From the answer section it keeps only the records of the
+// question's chain (chain.go), drops A/AAAA records pointing at addresses
+// the proxy would refuse (the cage cannot use them, and they are the DNS
+// half of a rebinding attack) and strips HTTPS/SVCB records to what a
+// client behind the gateway uses (svcb.go). The authority section keeps
+// only SOA and NS records: what negative answers and referrals carry.
 func vetAnswer(m *dns.Msg, guard *netguard.Guard) *answer {
 	a := &answer{rcode: m.Rcode, truncated: m.Truncated}
+	chain, inChain, stray := FollowChain(m.Question[0].Name, m.Answer)
+	a.chain, a.stray = chain, stray
 	kept := []dns.RR{}
-	for _, rr := range m.Answer {
+	for _, rr := range inChain {
 		var ip net.IP
 		switch x := rr.(type) {
 		case *dns.A:
@@ -311,13 +328,54 @@ func vetAnswer(m *dns.Msg, guard *netguard.Guard) *answer {
 				}
 			}
 		}
+		if s := serviceBinding(rr); s != nil {
+			stripped, refused, drop := vetServiceBinding(s, guard)
+			a.stripped = append(a.stripped, stripped...)
+			a.dropped = append(a.dropped, refused...)
+			a.droppedN += len(refused)
+			if len(stripped) > 0 {
+				a.svcbN++
+			}
+			if drop {
+				continue
+			}
+		}
 		kept = append(kept, rr)
 	}
 	slices.Sort(a.dropped)
 	a.dropped = slices.Compact(a.dropped)
-	a.rrs = [][]dns.RR{kept, m.Ns}
+	slices.Sort(a.stripped)
+	a.stripped = slices.Compact(a.stripped)
+	ns := []dns.RR{}
+	for _, rr := range m.Ns {
+		switch rr.(type) {
+		case *dns.SOA, *dns.NS:
+			ns = append(ns, rr)
+		}
+	}
+	a.rrs = [][]dns.RR{kept, ns}
 	a.ttl = minTTL(a.rrs)
 	return a
+}
+
+// notes are what vetting changed, for the audit record's reason; flag is
+// whether one of them is a sign of rebinding or smuggling.
+func (a *answer) notes() (notes []string, flag bool) {
+	if len(a.dropped) > 0 {
+		notes = append(notes, fmt.Sprintf("dropped %d answers pointing at %s addresses", a.droppedN, strings.Join(a.dropped, ",")))
+		flag = true
+	}
+	if a.stray > 0 {
+		notes = append(notes, fmt.Sprintf("dropped %d answer records for names outside the question's chain", a.stray))
+		flag = true
+	}
+	if len(a.stripped) > 0 {
+		notes = append(notes, fmt.Sprintf("stripped %s from %d HTTPS/SVCB records", strings.Join(a.stripped, ","), a.svcbN))
+	}
+	if len(a.chain.Aliases) > 0 {
+		notes = append(notes, "via "+strings.Join(a.chain.Aliases, ", "))
+	}
+	return notes, flag
 }
 
 // reply is the answer to client message r (the cache has counted its TTLs

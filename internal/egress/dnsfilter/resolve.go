@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -18,6 +19,9 @@ import (
 // to a name seen a moment ago costs no DNS round trip; the caller still
 // classifies every address it gets, and the dial's Control hook checks the
 // one it connects to, so a reused answer is vetted exactly like a fresh one.
+// Only the addresses of the name's own chain count (chain.go), and the
+// chain's aliases are returned with them (LookupChain) for the gateway to
+// judge against its bans and deny entries.
 type Resolver struct {
 	Server  string // host:port
 	Timeout time.Duration
@@ -28,27 +32,28 @@ type Resolver struct {
 
 type addrEntry struct {
 	addrs   []netip.Addr
+	aliases []string
 	expires time.Time
 }
 
-// cached returns host's addresses if an answer is still within its TTL.
-func (r *Resolver) cached(host string, now time.Time) ([]netip.Addr, bool) {
+// cached returns host's answer if it is still within its TTL.
+func (r *Resolver) cached(host string, now time.Time) (addrEntry, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	e, ok := r.answers[host]
 	if !ok {
-		return nil, false
+		return addrEntry{}, false
 	}
 	if !now.Before(e.expires) {
 		delete(r.answers, host)
-		return nil, false
+		return addrEntry{}, false
 	}
-	return e.addrs, true
+	return e, true
 }
 
 // remember stores an answer for ttl; the map is bounded like the DNS
 // filter's cache (expired entries go first, then arbitrary ones).
-func (r *Resolver) remember(host string, addrs []netip.Addr, ttl time.Duration, now time.Time) {
+func (r *Resolver) remember(host string, e addrEntry, ttl time.Duration, now time.Time) {
 	ttl = min(ttl, maxCacheTTL)
 	if ttl <= 0 {
 		return
@@ -68,35 +73,49 @@ func (r *Resolver) remember(host string, addrs []netip.Addr, ttl time.Duration, 
 			}
 		}
 	}
-	r.answers[host] = addrEntry{addrs: addrs, expires: now.Add(ttl)}
+	e.expires = now.Add(ttl)
+	r.answers[host] = e
 }
 
 // LookupNetIP returns the A and AAAA addresses of host (network is ignored:
 // the gateway classifies every address of both families).
 func (r *Resolver) LookupNetIP(ctx context.Context, _, host string) ([]netip.Addr, error) {
+	addrs, _, err := r.LookupChain(ctx, host)
+	return addrs, err
+}
+
+// LookupChain is LookupNetIP with the aliases the A and AAAA answers went
+// through (both chains, each alias once, in order).
+func (r *Resolver) LookupChain(ctx context.Context, host string) ([]netip.Addr, []string, error) {
 	now := time.Now()
-	if addrs, ok := r.cached(host, now); ok {
-		return addrs, nil
+	if e, ok := r.cached(host, now); ok {
+		return e.addrs, e.aliases, nil
 	}
 	timeout := r.Timeout
 	if timeout == 0 {
 		timeout = 5 * time.Second
 	}
 	type res struct {
-		addrs []netip.Addr
-		ttl   time.Duration
-		err   error
+		addrs   []netip.Addr
+		aliases []string
+		ttl     time.Duration
+		err     error
 	}
 	// A and AAAA in parallel: one goroutine for AAAA, A on this one, so a
 	// lookup costs one round trip and one hand-off.
 	ch := make(chan res, 1)
 	go func() {
-		a, ttl, err := r.query(ctx, host, dns.TypeAAAA, timeout)
-		ch <- res{a, ttl, err}
+		a, al, ttl, err := r.query(ctx, host, dns.TypeAAAA, timeout)
+		ch <- res{a, al, ttl, err}
 	}()
-	a4, ttl, err4 := r.query(ctx, host, dns.TypeA, timeout)
+	a4, aliases, ttl, err4 := r.query(ctx, host, dns.TypeA, timeout)
 	x := <-ch
 	addrs := append(a4, x.addrs...)
+	for _, al := range x.aliases {
+		if !slices.Contains(aliases, al) {
+			aliases = append(aliases, al)
+		}
+	}
 	errs := []error{}
 	for _, err := range []error{err4, x.err} {
 		if err != nil {
@@ -108,20 +127,21 @@ func (r *Resolver) LookupNetIP(ctx context.Context, _, host string) ([]netip.Add
 	}
 	if len(addrs) == 0 {
 		if len(errs) > 0 {
-			return nil, errors.Join(errs...)
+			return nil, aliases, errors.Join(errs...)
 		}
-		return nil, fmt.Errorf("no A or AAAA records for %s", host)
+		return nil, aliases, fmt.Errorf("no A or AAAA records for %s", host)
 	}
 	// Only a complete answer (both types answered) is reused.
 	if len(errs) == 0 {
-		r.remember(host, addrs, ttl, now)
+		r.remember(host, addrEntry{addrs: addrs, aliases: aliases}, ttl, now)
 	}
-	return addrs, nil
+	return addrs, aliases, nil
 }
 
 // query asks for one type; ttl is the smallest TTL among the answers, -1
 // if there are none (an empty type does not shorten the other's TTL).
-func (r *Resolver) query(ctx context.Context, host string, qt uint16, timeout time.Duration) ([]netip.Addr, time.Duration, error) {
+// Addresses are those of host's own chain.
+func (r *Resolver) query(ctx context.Context, host string, qt uint16, timeout time.Duration) ([]netip.Addr, []string, time.Duration, error) {
 	m := new(dns.Msg)
 	m.SetQuestion(dns.Fqdn(host), qt)
 	m.RecursionDesired = true
@@ -132,14 +152,15 @@ func (r *Resolver) query(ctx context.Context, host string, qt uint16, timeout ti
 		resp, _, err = c.ExchangeContext(ctx, m, r.Server)
 	}
 	if err != nil {
-		return nil, -1, fmt.Errorf("%s %s: %w", dns.TypeToString[qt], host, err)
+		return nil, nil, -1, fmt.Errorf("%s %s: %w", dns.TypeToString[qt], host, err)
 	}
+	chain, inChain, _ := FollowChain(host, resp.Answer)
 	if resp.Rcode != dns.RcodeSuccess {
-		return nil, -1, fmt.Errorf("%s %s: %s", dns.TypeToString[qt], host, dns.RcodeToString[resp.Rcode])
+		return nil, chain.Aliases, -1, fmt.Errorf("%s %s: %s", dns.TypeToString[qt], host, dns.RcodeToString[resp.Rcode])
 	}
 	var out []netip.Addr
 	ttl := time.Duration(-1)
-	for _, rr := range resp.Answer {
+	for _, rr := range inChain {
 		if t := time.Duration(rr.Header().Ttl) * time.Second; ttl < 0 || t < ttl {
 			ttl = t
 		}
@@ -154,5 +175,5 @@ func (r *Resolver) query(ctx context.Context, host string, qt uint16, timeout ti
 			}
 		}
 	}
-	return out, ttl, nil
+	return out, chain.Aliases, ttl, nil
 }

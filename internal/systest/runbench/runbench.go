@@ -21,8 +21,24 @@ import (
 	"github.com/nixcage/nixcage/internal/systest"
 )
 
+// The floor agents are declared cages running /bin/true: started warm
+// (namespace, prepare step and sockets already up) with `systemctl start
+// --wait`, they are a unit carrying only the cage's walls, which no
+// `cagectl run` can beat.
 const config = `egress_policy "bench" {
   allow = []
+}
+agent "floor-nsp" {
+  backend   = "nspawn"
+  egress    = "bench"
+  command   = ["/bin/true"]
+  autostart = false
+}
+agent "floor-svc" {
+  backend   = "service"
+  egress    = "bench"
+  command   = ["/bin/true"]
+  autostart = false
 }
 `
 
@@ -67,11 +83,21 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 	if _, err := m.Shell(ctx, "systemctl reload dbus && systemctl start nixcage-caged.service"); err != nil {
 		return err
 	}
+	floor := func(agent string) string {
+		return "systemctl start --wait " + systest.AgentUnit(agent)
+	}
 	subjects := []*subject{
 		{name: "systemd-run --wait --pipe true", cmd: "systemd-run --quiet --wait --pipe true"},
 		{name: "cagectl run -- true (nspawn)", cmd: "cagectl run --no-workspace -- true"},
 		{name: "cagectl run --backend service", cmd: "cagectl run --backend service --no-workspace -- true"},
 		{name: "srt true", cmd: "srt true"},
+		{name: "floor: nspawn cage's unit, warm", cmd: floor("floor-nsp")},
+		{name: "floor: service cage's unit, warm", cmd: floor("floor-svc")},
+	}
+	for _, agent := range []string{"floor-nsp", "floor-svc"} {
+		if o, err := m.Run(ctx, "systemctl", "start", systest.ProxySocket(agent), systest.DNSSocket(agent)); err != nil {
+			return fmt.Errorf("start the gateway side of %s: %v\n%s", agent, err, o)
+		}
 	}
 	if err := installSrt(ctx, m, out); err != nil {
 		subjects[3].err = err
@@ -86,6 +112,7 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 			s.err = fmt.Errorf("%v\n%s", err, o)
 		}
 	}
+	loadStart := loadavg()
 	for i := 0; i < *n; i++ {
 		for _, s := range subjects {
 			if s.err != nil {
@@ -100,16 +127,34 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 		}
 	}
 	report(out, subjects, *n)
+	fmt.Fprintf(out, "\nload average (host): %s at the start, %s at the end\n", loadStart, loadavg())
 	if j, err := m.Run(ctx, "journalctl", "-u", "nixcage-caged.service", "-o", "cat", "--no-pager"); err == nil {
 		phases(out, j)
 	}
 	return nil
 }
 
+// loadavg is the host's 1, 5 and 15 minute load averages.
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
+}
+
 // phases prints where caged spent a run's time, from its own log lines
-// (prepared_in: request checked, config validated, files written;
-// start_job: systemd starting the namespace, prepare step, sockets and the
-// cage; ran: the command; teardown: everything stopped and removed).
+// (prepared_in: request checked, config validated, files written, the cage
+// prepared; queued: systemd loading the run's units and queueing their
+// jobs; start_job: from the start call until the cage's command runs — the
+// namespace, the sockets, the store bind check (service) and the cage's
+// own setup; ran: the command until caged saw it end; reported: exit
+// status, gateway stopped, summary sent; teardown: everything stopped and
+// removed, after the summary).
 func phases(out io.Writer, journal string) {
 	backend := map[string]string{}
 	got := map[string]map[string][]time.Duration{}
@@ -128,7 +173,7 @@ func phases(out io.Writer, journal string) {
 		if b == "" {
 			continue
 		}
-		for _, k := range []string{"prepared_in", "start_job", "ran", "teardown"} {
+		for _, k := range stages {
 			if d, err := time.ParseDuration(kv[k]); err == nil {
 				if got[b] == nil {
 					got[b] = map[string][]time.Duration{}
@@ -138,26 +183,43 @@ func phases(out io.Writer, journal string) {
 		}
 	}
 	fmt.Fprintf(out, "\nwhere caged spends a run (medians from its log, warm-up included)\n")
-	fmt.Fprintf(out, "%-10s %12s %12s %12s %12s\n", "backend", "prepared_in", "start_job", "ran", "teardown")
+	fmt.Fprintf(out, "%-10s", "backend")
+	for _, k := range stages {
+		fmt.Fprintf(out, " %11s", k)
+	}
+	fmt.Fprintln(out)
 	for _, b := range []string{"nspawn", "service"} {
 		g := got[b]
 		if g == nil {
 			continue
 		}
-		fmt.Fprintf(out, "%-10s %12s %12s %12s %12s\n", b, ms(median(g["prepared_in"])), ms(median(g["start_job"])), ms(median(g["ran"])), ms(median(g["teardown"])))
+		fmt.Fprintf(out, "%-10s", b)
+		for _, k := range stages {
+			v := "-"
+			if len(g[k]) > 0 {
+				v = ms(median(g[k]))
+			}
+			fmt.Fprintf(out, " %11s", v)
+		}
+		fmt.Fprintln(out)
 	}
 }
+
+// stages are the durations caged logs per run, in order.
+var stages = []string{"prepared_in", "queued", "start_job", "ran", "reported", "teardown"}
 
 // timeIn times one command inside the machine, with the machine's own
 // clock around it (nsenter's cost is outside the measurement).
 func timeIn(ctx context.Context, m *systest.Machine, cmd string) (time.Duration, error) {
-	o, err := m.Shell(ctx, `s=$(date +%s%N); `+cmd+` </dev/null >/dev/null 2>&1; rc=$?; e=$(date +%s%N); echo "$rc $((e-s))"`)
+	// (The script runs under sh -e: the status is taken in an && list.)
+	o, err := m.Shell(ctx, `s=$(date +%s%N); `+cmd+` </dev/null >/tmp/runbench.out 2>&1 && rc=0 || rc=$?; e=$(date +%s%N); echo "$rc $((e-s))"; [ $rc = 0 ] || cat /tmp/runbench.out`)
 	if err != nil {
 		return 0, fmt.Errorf("%s: %w", cmd, err)
 	}
-	f := strings.Fields(o)
+	line, rest, _ := strings.Cut(o, "\n")
+	f := strings.Fields(line)
 	if len(f) != 2 || f[0] != "0" {
-		return 0, fmt.Errorf("%s: exit status %s", cmd, f[0])
+		return 0, fmt.Errorf("%s: exit status %s:\n%s", cmd, line, rest)
 	}
 	ns, err := strconv.ParseInt(f[1], 10, 64)
 	return time.Duration(ns), err

@@ -1,4 +1,9 @@
-package egress
+// Package prepare makes what a cage's gateway and agent need before either
+// starts: the cage CA (with name constraints from the policy), the secrets'
+// placeholders and the agent's env file, resolv.conf and the learn window.
+// `cage-egress prepare` runs it for declared agents (the prepare step's
+// sandboxed unit); caged runs it itself for throw-away cages (docs/run.md).
+package prepare
 
 import (
 	"encoding/json"
@@ -29,8 +34,8 @@ func InterceptHosts(rt *policy.Runtime) []string {
 	return slices.Compact(hosts)
 }
 
-// PrepareResult says what Prepare did, for the operator.
-type PrepareResult struct {
+// Result says what Prepare did, for the operator.
+type Result struct {
 	CACreated    bool
 	Placeholders []string // secret names
 	// LearnUntil is the end of the learn window (zero: no learn mode).
@@ -42,8 +47,8 @@ type PrepareResult struct {
 // idempotent: an existing CA with the right constraints is kept, and an
 // existing placeholder that still fits its secret is reused, so re-running
 // it does not invalidate what a running agent holds.
-func Prepare(rt *policy.Runtime, credDir string) (*PrepareResult, error) {
-	res := &PrepareResult{}
+func Prepare(rt *policy.Runtime, credDir string) (*Result, error) {
+	res := &Result{}
 	if rt.CADir == "" {
 		return nil, fmt.Errorf("prepare: egress config has no ca_dir; re-render it with cagectl")
 	}
