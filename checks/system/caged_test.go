@@ -123,7 +123,9 @@ func TestCagedOnSystemd(t *testing.T) {
 	rel2 := makeRelease(t, cagectl, keys+".key", 2, "hello-from-generation-2")
 	rel1 := makeRelease(t, cagectl, keys+".key", 1, "hello-from-generation-1")
 
-	m, _, ctx := nixcageMachine(t, 3*time.Minute, bins, strings.Replace(cagedConfig, "${agentAttack}", agentAttack, 1), nil, func(m *systest.Machine) {
+	// 5 minutes: eight cage starts look at the store (storeSeesNoHost), at
+	// load averages up to 30 on two cores.
+	m, _, ctx := nixcageMachine(t, 5*time.Minute, bins, strings.Replace(cagedConfig, "${agentAttack}", agentAttack, 1), nil, func(m *systest.Machine) {
 		if err := m.CopyIn(keys+".pub", "/etc/nixcage/release.pub", 0o644); err != nil {
 			t.Fatal(err)
 		}

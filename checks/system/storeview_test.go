@@ -10,12 +10,16 @@ import (
 
 // storeProbe runs as the agent, in a cage started on the store as it is at
 // that moment (cagectl shell starts one with the agent's unit): what
-// /nix/tools and /nix/store resolve to, and every host marker reachable
-// through them or the store root, following links.
+// /nix/tools and /nix/store resolve to, whether the generation's tool runs,
+// and every host marker (hostMarkers' names) found in any directory the
+// store's links can lead to: the tools, the store, the store root and the
+// release's own links. Each marker sits in a different host directory, so
+// whichever of them a link led to, its marker shows.
 const storeProbe = `echo tools=$(readlink -f /nix/tools) store=$(readlink -f /nix/store) uid=$(id -u); ` +
 	`ls -a /nix/tools/ | tr "\n" " "; echo; ` +
 	`if [ -x /nix/tools/bin/hello ]; then /nix/tools/bin/hello; fi; ` +
-	`find -L /nix/tools/ /nix/store/ /nix/.nixcage/ -maxdepth 3 -name "nixcage-host-marker-*" 2>/dev/null; ` +
+	`for d in /nix/tools /nix/tools/host-root /nix/tools/host-etc /nix/tools/up /nix/store /nix/store/* /nix/.nixcage; do ` +
+	`for f in $d/nixcage-host-marker-*; do [ -e "$f" ] && echo "found $f"; done; done; ` +
 	`(exec 3</nix/.nixcage/lock) 2>/dev/null && echo store-lock-opened; ` +
 	`echo probe-end`
 
