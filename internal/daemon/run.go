@@ -2,8 +2,6 @@ package daemon
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -54,6 +52,7 @@ type run struct {
 	// gateway could write: the log outlives runs, and what an earlier run
 	// of the name (or a former declared agent) did is not this run's.
 	auditFrom int64
+	spared    bool // the name is a spare namespace's (spare.go): its directory is there
 
 	mu     sync.Mutex
 	state  reconcile.State
@@ -113,8 +112,16 @@ func (d *Daemon) StartRun(ctx context.Context, req bus.RunRequest, stdio [3]dbus
 	}()
 
 	t0 := time.Now()
-	r, agent, store, err := d.prepareRun(req, bindF, binds, secrets, secretF, caller, sender)
+	spared := ""
+	if req.Name == "" {
+		spared = d.claimSpare()
+		req.Name = spared
+	}
+	r, agent, store, err := d.prepareRun(req, spared != "", bindF, binds, secrets, secretF, caller, sender)
 	if err != nil {
+		if spared != "" {
+			d.unclaimSpare(spared)
+		}
 		return "", err
 	}
 	r.started = t0
@@ -126,7 +133,7 @@ func (d *Daemon) StartRun(ctx context.Context, req bus.RunRequest, stdio [3]dbus
 
 // prepareRun checks the request, reads secrets, verifies binds and builds
 // the run's validated agent. Nothing is written yet.
-func (d *Daemon) prepareRun(req bus.RunRequest, bindF []*os.File, binds []bus.RunBind, secrets []bus.RunSecret, secretF []*os.File, caller bus.Identity, sender string) (*run, *config.Agent, *config.Store, error) {
+func (d *Daemon) prepareRun(req bus.RunRequest, spared bool, bindF []*os.File, binds []bus.RunBind, secrets []bus.RunSecret, secretF []*os.File, caller bus.Identity, sender string) (*run, *config.Agent, *config.Store, error) {
 	if len(binds) > maxRunBinds || len(secrets) > maxRunSecrets {
 		return nil, nil, nil, fmt.Errorf("%w: at most %d binds and %d secrets per run", bus.ErrInvalid, maxRunBinds, maxRunSecrets)
 	}
@@ -144,9 +151,7 @@ func (d *Daemon) prepareRun(req bus.RunRequest, bindF []*os.File, binds []bus.Ru
 	}
 	name := req.Name
 	if name == "" {
-		b := make([]byte, 4)
-		rand.Read(b)
-		name = "run-" + hex.EncodeToString(b)
+		name = newRunName()
 	}
 	if old := d.runByName(name); old != nil && old.isEnded() {
 		// Reported but still being torn down (finishRun): wait for it
@@ -164,7 +169,7 @@ func (d *Daemon) prepareRun(req bus.RunRequest, bindF []*os.File, binds []bus.Ru
 	// (runAgent): looked up here, a name with ".." would have caged, as
 	// root, tell the caller whether any path exists (red team).
 	r := &run{name: name, backend: req.Backend, by: caller.String(), uid: caller.UID, sender: sender,
-		dir: d.qdirs.Host(paths.RunDir(name)), done: make(chan struct{})}
+		dir: d.qdirs.Host(paths.RunDir(name)), done: make(chan struct{}), spared: spared}
 
 	seenDest := map[string]bool{}
 	for i, b := range binds {
@@ -382,7 +387,7 @@ func (d *Daemon) launchRun(ctx context.Context, r *run, agent *config.Agent, sto
 		}
 		d.mu.Unlock()
 	}
-	if _, err := os.Lstat(r.dir); err == nil {
+	if _, err := os.Lstat(r.dir); err == nil && !r.spared {
 		unregister()
 		return fmt.Errorf("%w: a cage named %q is still being torn down; choose another --name", bus.ErrInvalid, r.name)
 	}
@@ -410,6 +415,7 @@ func (d *Daemon) launchRun(ctx context.Context, r *run, agent *config.Agent, sto
 	if err := writeRunManifest(filepath.Join(r.dir, runManifest), installed); err != nil {
 		return fail(fmt.Errorf("run %s: %w", r.name, err))
 	}
+	os.Remove(filepath.Join(r.dir, spareMark)) // a spare's namespace is this run's now
 	if err := writeRunSecrets(r.dir, r.secretValues); err != nil {
 		return fail(fmt.Errorf("run %s: %w", r.name, err))
 	}
@@ -681,7 +687,11 @@ func (d *Daemon) stopRuns() {
 		runs = append(runs, r)
 	}
 	d.mu.RUnlock()
-	if len(runs) == 0 {
+	d.spareMu.Lock()
+	hasSpare := d.spare != nil
+	d.noSpare = true
+	d.spareMu.Unlock()
+	if len(runs) == 0 && !hasSpare {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -692,6 +702,7 @@ func (d *Daemon) stopRuns() {
 		return
 	}
 	defer sd.Close()
+	d.dropSpare(ctx, reconcile.Units{SD: sd})
 	for _, r := range runs {
 		d.log.Info("caged is stopping: tearing down a throw-away cage", "name", r.name, "by", r.by)
 		d.teardownRun(ctx, reconcile.Units{SD: sd}, r)
@@ -759,6 +770,7 @@ func (d *Daemon) finishRun(r *run, why string) {
 			"ran", tEnd.Sub(r.up).Round(time.Microsecond), "reported", tReported.Sub(tEnd).Round(time.Microsecond),
 			"teardown", time.Since(tReported).Round(time.Microsecond))
 		d.publishAgents(ctx)
+		go d.makeSpare()
 	})
 }
 
