@@ -16,6 +16,16 @@ import (
 // group directly when it is the terminal's foreground group.
 var forwarded = []os.Signal{unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2, unix.SIGWINCH}
 
+// dropped are the signals Go's runtime turns into a crash of the process
+// (exit 2, a goroutine dump) when another process sends them; they are
+// caught and dropped, never passed on. The agent runs as the cage's uid,
+// the init's own, so it may signal its PID 1, and the kernel spares a
+// namespace's init only the signals it has no handler for: with these, the
+// agent ended PID 1 at will and the cage's status was 2, not its own (red
+// team). A real fault of the init's own still crashes it (the runtime
+// tells one from a kill by its si_code).
+var dropped = []os.Signal{unix.SIGABRT, unix.SIGSYS, unix.SIGTRAP, unix.SIGILL, unix.SIGSEGV, unix.SIGBUS, unix.SIGFPE, unix.SIGSTKFLT}
+
 // StopGrace is how long the init waits for the agent after passing on a
 // SIGTERM or SIGINT before it ends the cage itself: the kernel then kills
 // every process left in the PID namespace. A stop stays as bounded as with
@@ -34,6 +44,7 @@ const StopGrace = 5 * time.Second
 func runInit(path string, argv []string) error {
 	sigs := make(chan os.Signal, 64)
 	signal.Notify(sigs, append([]os.Signal{unix.SIGCHLD}, forwarded...)...)
+	signal.Notify(make(chan os.Signal, 1), dropped...)
 	pid, err := syscall.ForkExec(path, argv, &syscall.ProcAttr{
 		Env:   os.Environ(),
 		Files: []uintptr{0, 1, 2},

@@ -14,7 +14,8 @@
 //     (a user namespace is kernel attack surface and would give the agent
 //     capabilities again), and clone3(2), whose flags sit behind a pointer
 //     a filter cannot read, with ENOSYS so that libc falls back to clone;
-//   - sockets other than AF_UNIX, AF_INET, AF_INET6 and AF_NETLINK: AF_VSOCK
+//   - sockets other than AF_UNIX, AF_INET, AF_INET6 and AF_NETLINK, by
+//     socket(2) and socketpair(2) alike: AF_VSOCK
 //     is not network-namespaced and reaches the hypervisor of a VM host;
 //   - netlink protocols other than NETLINK_ROUTE and NETLINK_SOCK_DIAG (the
 //     cage's own interfaces and sockets): NETLINK_KOBJECT_UEVENT delivers
@@ -94,6 +95,11 @@ func Program() ([]unix.SockFilter, error) {
 	a.jeq(unix.SYS_UNSHARE, "unshare")
 	a.jeq(unix.SYS_CLONE, "clone")
 	a.jeq(unix.SYS_SOCKET, "socket")
+	// socketpair(2) takes family, type and protocol where socket(2) does,
+	// and creates a socket of them (running the family's code, loading its
+	// module on a modular host) before the family refuses to make a pair:
+	// the same checks, or the list below is a way around them (red team).
+	a.jeq(unix.SYS_SOCKETPAIR, "socket")
 	a.jeq(unix.SYS_PERSONALITY, "personality")
 	a.jge(newerThanList, "enosys")
 	a.ja("list")

@@ -46,6 +46,13 @@ var attempts = map[string]func() unix.Errno{
 	},
 	"socket NETLINK_ROUTE":     func() unix.Errno { return sockProto(unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_ROUTE) },
 	"socket NETLINK_SOCK_DIAG": func() unix.Errno { return sockProto(unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_SOCK_DIAG) },
+	// socketpair(2) creates its first socket (the family's code runs, and
+	// on a modular host its module is loaded) before the family says
+	// whether it makes pairs: only the filter keeps it from the kernel.
+	"socketpair AF_VSOCK":               func() unix.Errno { return sockPair(unix.AF_VSOCK, unix.SOCK_STREAM, 0) },
+	"socketpair AF_PACKET":              func() unix.Errno { return sockPair(unix.AF_PACKET, unix.SOCK_DGRAM, 0) },
+	"socketpair NETLINK_KOBJECT_UEVENT": func() unix.Errno { return sockPair(unix.AF_NETLINK, unix.SOCK_DGRAM, unix.NETLINK_KOBJECT_UEVENT) },
+	"socketpair AF_UNIX":                func() unix.Errno { return sockPair(unix.AF_UNIX, unix.SOCK_STREAM, 0) },
 	// A child in a new user namespace (clone), and a child that unshares
 	// one after fork: the two ways a process gets one.
 	"clone CLONE_NEWUSER":   func() unix.Errno { return child(&unix.SysProcAttr{Cloneflags: unix.CLONE_NEWUSER}) },
@@ -77,6 +84,16 @@ func sockProto(family, typ, proto int) unix.Errno {
 		return err.(unix.Errno)
 	}
 	unix.Close(fd)
+	return 0
+}
+
+func sockPair(family, typ, proto int) unix.Errno {
+	fds, err := unix.Socketpair(family, typ, proto)
+	if err != nil {
+		return err.(unix.Errno)
+	}
+	unix.Close(fds[0])
+	unix.Close(fds[1])
 	return 0
 }
 
@@ -173,13 +190,21 @@ func TestSeal(t *testing.T) {
 		"fork and exec":                 "ok",
 		"fchmodat2 setuid":              "ENOSYS",
 		"fchmodat2 plain":               "ENOSYS",
+		// The kernel never makes a pair of these, but it creates the
+		// first socket before it finds out: what matters is whose answer
+		// comes, the family's (EOPNOTSUPP, EPERM: its code ran) or the
+		// filter's (it never did).
+		"socketpair AF_VSOCK":               "EAFNOSUPPORT",
+		"socketpair AF_PACKET":              "EAFNOSUPPORT",
+		"socketpair NETLINK_KOBJECT_UEVENT": "EPROTONOSUPPORT",
+		"socketpair AF_UNIX":                "ok",
 	}
 	for name, w := range want {
 		t.Run(strings.ReplaceAll(name, " ", "_"), func(t *testing.T) {
 			if w != "ok" && open[name] == w {
 				t.Skipf("unsealed, this kernel already answers %s: the filter is not what refuses it here", open[name])
 			}
-			if w != "ok" && open[name] != "ok" && name != "clone3" {
+			if w != "ok" && open[name] != "ok" && name != "clone3" && !strings.HasPrefix(name, "socketpair ") {
 				t.Skipf("unsealed, this host refuses it (%s): nothing to seal", open[name])
 			}
 			if sealed[name] != w {
@@ -351,5 +376,20 @@ func TestInitSignals(t *testing.T) {
 	cmd.Wait()
 	if code, took := cmd.ProcessState.ExitCode(), time.Since(t0); code != 128+int(unix.SIGKILL) || took < StopGrace || took > StopGrace+5*time.Second {
 		t.Errorf("a command ignoring SIGTERM: exit %d after %s, want %d after %s", code, took, 128+int(unix.SIGKILL), StopGrace)
+	}
+}
+
+// The agent shares the cage's uid with its PID 1, so it may signal it; the
+// kernel drops only what PID 1 has no handler for, and Go's runtime has one
+// for the signals it turns into a crash. Sent by the agent, none of them
+// may end the cage's PID 1 (which exited 2 with a goroutine dump, the
+// cage's status no longer the command's): the command lives on, and its
+// status is the cage's.
+func TestInitSurvivesTheAgentsSignals(t *testing.T) {
+	cmd, out, _ := initCage(t, `echo ready; for s in ABRT SYS TRAP ILL SEGV BUS FPE 16; do kill -$s 1 || echo "kill $s failed"; done; sleep 0.5; echo survived; exit 5`)
+	out.wait(t, "ready")
+	cmd.Wait()
+	if code := cmd.ProcessState.ExitCode(); code != 5 || !strings.Contains(out.String(), "survived") || strings.Contains(out.String(), "goroutine") || strings.Contains(out.String(), "failed") {
+		t.Errorf("the agent signalled its PID 1: exit %d, want the command's 5 with PID 1 still up:\n%s", code, out)
 	}
 }

@@ -156,6 +156,14 @@ func check(ctx context.Context, spec string) Result {
 		if need(1) {
 			err = socketOf(a[0])
 		}
+	case "socketpair":
+		// socketpair,FAMILY: socketpair(2) of the same families. The kernel
+		// creates the first socket (the family's code, and on a modular
+		// host the autoload of its module) before it asks the family for a
+		// pair, which only AF_UNIX and AF_TIPC make.
+		if need(1) {
+			err = socketPairOf(a[0])
+		}
 	case "iouring":
 		// iouring,FAMILY: the same socket through io_uring (IORING_OP_SOCKET).
 		if need(1) {

@@ -49,6 +49,21 @@ func socketOf(name string) error {
 	return openSocket(f[0], f[1], f[2])
 }
 
+// socketPairOf opens a pair of sockets of a named family with socketpair(2).
+func socketPairOf(name string) error {
+	f, err := family(name)
+	if err != nil {
+		return err
+	}
+	fds, err := unix.Socketpair(f[0], f[1], f[2])
+	if err != nil {
+		return err
+	}
+	unix.Close(fds[0])
+	unix.Close(fds[1])
+	return nil
+}
+
 // setID tries every system call that can give a file a setuid or setgid
 // bit, each on a file of its own, and opens dst's directory to everyone:
 // what an agent does to leave a privileged program for the host's users
