@@ -96,7 +96,12 @@ type Gateway struct {
 	mu       sync.Mutex
 	listen   map[netip.AddrPort]bool
 	h1, h2   *http.Transport
-	log      *slog.Logger
+	// upTLS is the client config toward intercepted upstreams (one
+	// session cache: a new connection to a host resumes its TLS session);
+	// upIdle the upstream connections between intercepted tunnels.
+	upTLS  *tls.Config
+	upIdle upPool
+	log    *slog.Logger
 	// grants are the time-bound grants in force (grants.go), swapped
 	// whole when the grants file changes; expiry is checked per decision.
 	grants atomic.Pointer[[]policy.Grant]
@@ -140,6 +145,7 @@ func New(rt *policy.Runtime, opts Options) (*Gateway, error) {
 	if rt.Approval != nil {
 		g.approvals = newApprovals(rt.Approval, rt.Agent)
 	}
+	g.upTLS = &tls.Config{RootCAs: opts.UpstreamRoots, MinVersion: tls.VersionTLS12, ClientSessionCache: tls.NewLRUClientSessionCache(0)}
 	g.h1 = g.newTransport(false)
 	g.h2 = g.newTransport(true)
 	return g, nil
@@ -347,7 +353,10 @@ func (g *Gateway) newTransport(h2 bool) *http.Transport {
 			}
 			return g.dial(ctx, di.st, di.dst)
 		},
-		TLSClientConfig:       &tls.Config{RootCAs: g.opts.UpstreamRoots, MinVersion: tls.VersionTLS12},
+		// A copy per transport: the HTTP/2 one adds "h2" to its
+		// NextProtos, which must not reach the HTTP/1.1 clients' offers.
+		// The session cache is shared.
+		TLSClientConfig:       g.upTLS.Clone(),
 		TLSHandshakeTimeout:   handshakeTimeout,
 		MaxIdleConnsPerHost:   64,
 		IdleConnTimeout:       90 * time.Second,
