@@ -33,6 +33,7 @@ import (
 
 	"github.com/nixcage/nixcage/internal/egress/audit"
 	"github.com/nixcage/nixcage/internal/egress/ca"
+	"github.com/nixcage/nixcage/internal/egress/dnsfilter"
 	"github.com/nixcage/nixcage/internal/egress/inspect"
 	"github.com/nixcage/nixcage/internal/egress/netguard"
 	"github.com/nixcage/nixcage/internal/egress/redact"
@@ -301,16 +302,23 @@ func (e errRefused) Error() string { return e.err.Error() }
 // resolve looks host up once and vets every address. Any forbidden address
 // refuses the whole name: a mixed answer is how rebinding starts. A ban or
 // deny entry covering one of the answer's aliases refuses it too
-// (errDecided, bans.go); the aliases are returned for the tunnel to be
-// judged by later bans.
-func (g *Gateway) resolve(ctx context.Context, st *state, host string, port int) (netip.AddrPort, []string, error) {
+// (errDecided, bans.go; rule is host's decision, for learn mode's deny
+// lists); the aliases are returned for the tunnel to be judged by later
+// bans.
+func (g *Gateway) resolve(ctx context.Context, st *state, host string, port int, rule string) (netip.AddrPort, []string, error) {
+	// The lookup sends host upstream as a DNS query would: the cage's
+	// DNS limits on labels hold for it too (and its lookup budget, in
+	// the Resolver).
+	if why, ok := dnsfilter.CheckLabels(st.pol, host); !ok {
+		return netip.AddrPort{}, nil, errDecided{policy.Decision{Result: policy.Deny, Rule: dnsfilter.RuleLabelLength, Reason: host + ": " + why}}
+	}
 	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
 	defer cancel()
 	addrs, aliases, err := g.lookup(ctx, host)
 	if err != nil {
 		return netip.AddrPort{}, nil, fmt.Errorf("resolve %s: %w", host, err)
 	}
-	if d, ok := g.aliasRefused(st, host, aliases); ok {
+	if d, ok := g.aliasRefused(st, host, aliases, rule); ok {
 		return netip.AddrPort{}, nil, errDecided{d}
 	}
 	if len(addrs) == 0 {

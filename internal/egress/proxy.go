@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/nixcage/nixcage/internal/egress/audit"
+	"github.com/nixcage/nixcage/internal/egress/dnsfilter"
 	"github.com/nixcage/nixcage/internal/policy"
 )
 
@@ -107,7 +108,7 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	}
 	rec.Reason = approvedBy(dec)
 	rec.Rule = dec.Rule
-	dst, aliases, err := g.resolve(r.Context(), st, host, port)
+	dst, aliases, err := g.resolve(r.Context(), st, host, port, dec.Rule)
 	if err != nil {
 		g.refuse(w, r, rec, resolveBlock(err), start)
 		return
@@ -122,6 +123,9 @@ func resolveBlock(err error) *blockedErr {
 	var dec errDecided
 	if errors.As(err, &dec) {
 		return block(http.StatusForbidden, dec.d.Rule, "%s", dec.d.Reason)
+	}
+	if errors.Is(err, dnsfilter.ErrLookupRate) {
+		return block(http.StatusTooManyRequests, dnsfilter.RuleRateLimit, "%v", err)
 	}
 	if errors.As(err, &ref) {
 		return block(http.StatusForbidden, "address", "%v", err)
@@ -216,7 +220,7 @@ func (g *Gateway) decideConnect(ctx context.Context, st *state, authority string
 	if isLit {
 		dst, err = checkLiteral(st, lit, port)
 	} else {
-		dst, aliases, err = g.resolve(ctx, st, host, port)
+		dst, aliases, err = g.resolve(ctx, st, host, port, dec.Rule)
 	}
 	if err != nil {
 		return nil, rec, false, resolveBlock(err)
