@@ -41,9 +41,11 @@ func (f *fakeDNS) upstreamNames(suffix string) map[string]bool {
 // team: the agent in the cage's network namespace sent its data as names
 // of CONNECT and plain HTTP requests under the allowed *.example.com
 // instead of DNS queries; on the code before the fix every name reached
-// the real (fake) DNS server upstream, a 48-byte label under a
-// max_label_length of 40 included, and 1000 distinct names in about a
-// second all reached it (the filter's 50/s budget was never consulted).
+// the real (fake) DNS server upstream: a 48-byte label under a
+// max_label_length of 40, raw UTF-8 bytes and a label starting with a
+// hyphen (names the filter refuses as not host names), and 1000 distinct
+// names in under half a second (the filter's 50/s budget was never
+// consulted).
 func TestThreatLookupsThroughTheProxy(t *testing.T) {
 	testenv.RequirePrivileged(t)
 	curl := testenv.LookPath(t, "curl")
@@ -74,6 +76,39 @@ func TestThreatLookupsThroughTheProxy(t *testing.T) {
 		}
 		if got := h.dns.upstreamNames(long[:20]); len(got) != 0 {
 			t.Fatalf("the upstream resolver received the over-long label: %v", got)
+		}
+	})
+
+	t.Run("not a host name", func(t *testing.T) {
+		// Raw CONNECTs (curl would turn the UTF-8 into punycode): each
+		// byte of "ü" is 8 bits to the zone's name servers where a DNS
+		// query's labels carry letters, digits and hyphens.
+		for _, host := range []string{"\u00fc\u00e9\u00e0\u00f6.x.example.com", "-data-.x.example.com"} {
+			var st int
+			if err := inNetns(h.cageNetns, func() error {
+				c, err := net.Dial("tcp", "127.0.0.1:3128")
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(20 * time.Second))
+				fmt.Fprintf(c, "CONNECT %s:%d HTTP/1.1\r\nHost: %s:%d\r\n\r\n", host, h.up.tlsPort, host, h.up.tlsPort)
+				resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: http.MethodConnect})
+				if err != nil {
+					return err
+				}
+				st = resp.StatusCode
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if st != http.StatusForbidden {
+				t.Errorf("CONNECT %q: %d, want 403", host, st)
+			}
+			h.want(t, is("CONNECT", host, h.up.tlsPort), audit.Blocked, dnsfilter.RuleName)
+		}
+		if got := h.dns.upstreamNames(".x.example.com"); len(got) != 0 {
+			t.Fatalf("the upstream resolver received names no DNS query could ask for: %v", got)
 		}
 	})
 

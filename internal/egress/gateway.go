@@ -307,10 +307,10 @@ func (e errRefused) Error() string { return e.err.Error() }
 // bans.
 func (g *Gateway) resolve(ctx context.Context, st *state, host string, port int, rule string) (netip.AddrPort, []string, error) {
 	// The lookup sends host upstream as a DNS query would: the cage's
-	// DNS limits on labels hold for it too (and its lookup budget, in
-	// the Resolver).
-	if why, ok := dnsfilter.CheckLabels(st.pol, host); !ok {
-		return netip.AddrPort{}, nil, errDecided{policy.Decision{Result: policy.Deny, Rule: dnsfilter.RuleLabelLength, Reason: host + ": " + why}}
+	// DNS limits on names hold for it too (and its lookup budget, in the
+	// Resolver).
+	if why, rule, ok := dnsfilter.CheckName(st.pol, host); !ok {
+		return netip.AddrPort{}, nil, errDecided{policy.Decision{Result: policy.Deny, Rule: rule, Reason: why}}
 	}
 	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
 	defer cancel()

@@ -41,6 +41,19 @@ func (g *Gateway) NewProxyServer() *http.Server {
 // history: a cage has exactly one hop.
 var chainingHeaders = []string{"Via", "Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "Max-Forwards"}
 
+// chainingBlock refuses a request that carries a chaining header, with
+// any value: Header.Get reads only the first line, and an empty first
+// line must not hide a second one, which would be forwarded (the upstream
+// reads "X-Forwarded-Host: ,evil.test").
+func chainingBlock(hdr http.Header) *blockedErr {
+	for _, h := range chainingHeaders {
+		if len(hdr.Values(h)) > 0 {
+			return block(http.StatusForbidden, "proxy-chaining", "header %s: proxy chaining is not allowed", h)
+		}
+	}
+	return nil
+}
+
 // hopHeaders are removed before forwarding (RFC 9110 §7.6.1 plus proxy ones).
 var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
 
@@ -193,10 +206,8 @@ func (g *Gateway) decideConnect(ctx context.Context, st *state, authority string
 	if err != nil {
 		return nil, rec, false, block(http.StatusBadRequest, "authority", "CONNECT %v", err)
 	}
-	for _, h := range chainingHeaders {
-		if hdr.Get(h) != "" {
-			return nil, rec, false, block(http.StatusForbidden, "proxy-chaining", "header %s: proxy chaining is not allowed", h)
-		}
+	if b := chainingBlock(hdr); b != nil {
+		return nil, rec, false, b
 	}
 	lit, isLit := benchLiteral(g.opts.UnsafeBenchIPLiterals, host)
 	var dec policy.Decision

@@ -118,11 +118,8 @@ func DecideLearning(p *policy.Policy, l *policy.Learning, grants []policy.Grant,
 	if q.Qclass != dns.ClassINET {
 		return false, fmt.Sprintf("class %s refused", dns.ClassToString[q.Qclass]), "dns-class"
 	}
-	if why, ok := CheckLabels(p, name); !ok {
-		return false, why, RuleLabelLength
-	}
-	if err := policy.CheckHostname(name); err != nil {
-		return false, fmt.Sprintf("name %q is not a host name: %v", name, err), "dns-name"
+	if why, rule, ok := CheckName(p, name); !ok {
+		return false, why, rule
 	}
 	ok, rule := p.AllowsNameLearning(l, grants, now, name)
 	if !ok {
@@ -145,24 +142,33 @@ func DecideLearning(p *policy.Policy, l *policy.Learning, grants []policy.Grant,
 }
 
 // RuleLabelLength refuses a name with a label longer than the policy's
-// dns max_label_length, in DNS and when the gateway would look it up for a
-// CONNECT or plain HTTP request.
-const RuleLabelLength = "dns-label-length"
+// dns max_label_length, RuleName one that is not a host name (CheckName).
+const (
+	RuleLabelLength = "dns-label-length"
+	RuleName        = "dns-name"
+)
 
-// CheckLabels says why name (normalized) has a label longer than p's dns
-// max_label_length, or ok. Every lookup of a name sends it upstream, the
-// filter's and the gateway's own for a CONNECT alike, so both check it.
-func CheckLabels(p *policy.Policy, name string) (why string, ok bool) {
+// CheckName says why name (normalized) must not be looked up at all, with
+// the rule, or ok: a label longer than p's dns max_label_length, or not a
+// host name (letters, digits, hyphens and underscores in 1 to 63 byte
+// labels). Every lookup sends the name upstream, the filter's and the
+// gateway's own for a CONNECT or plain HTTP request alike, so both check
+// it: a CONNECT to "<data>.x.example.com" must not carry more to the
+// zone's name servers than a DNS query for it could.
+func CheckName(p *policy.Policy, name string) (why, rule string, ok bool) {
 	maxLabel := p.DNS.MaxLabelLength
 	if maxLabel <= 0 || maxLabel > policy.DefaultMaxLabelLength {
 		maxLabel = policy.DefaultMaxLabelLength
 	}
 	for _, l := range strings.Split(name, ".") {
 		if len(l) > maxLabel {
-			return fmt.Sprintf("label of %d bytes exceeds %d (data smuggling)", len(l), maxLabel), false
+			return fmt.Sprintf("label of %d bytes exceeds %d (data smuggling)", len(l), maxLabel), RuleLabelLength, false
 		}
 	}
-	return "", true
+	if err := policy.CheckHostname(name); err != nil {
+		return fmt.Sprintf("name %q is not a host name: %v", name, err), RuleName, false
+	}
+	return "", "", true
 }
 
 // ServeDNS answers one query: decide, look up (cache, rate limit, the
