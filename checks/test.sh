@@ -82,6 +82,8 @@ step "fuzz the config loader (20s)"
 check fuzz "FuzzLoad (20s)" go test -run '^$' -fuzz FuzzLoad -fuzztime 20s ./internal/config/
 step "fuzz the gateway's CONNECT parser (10s)"
 check fuzz "FuzzReadConnectHead (10s)" go test -run '^$' -fuzz FuzzReadConnectHead -fuzztime 10s ./internal/egress/
+step "fuzz the intercepted tunnels' upstream client (20s)"
+check fuzz "FuzzUpstreamResponse (20s)" go test -run '^$' -fuzz FuzzUpstreamResponse -fuzztime 20s ./internal/egress/
 
 step "summary"
 s=$((SECONDS - start))

@@ -18,6 +18,9 @@
 #                                  # also measures that build (rows
 #                                  # "cage-egress-base") in the same rounds:
 #                                  # a before/after comparison on one load
+#   ONLY=icpt bench/egress/run.sh  # interception rows only (direct, cage-
+#                                  # egress, the base build, mitmdump),
+#                                  # ROUNDS interleaved rounds (~1 minute each)
 #
 # Destinations: the "name" round gives every proxy up.bench.test, resolved
 # through the same loopback resolver (cage-egress --resolver, squid
@@ -246,6 +249,7 @@ icpt() {
 for rnd in $(seq "$ROUNDS"); do
   echo "== round $rnd/$ROUNDS (load: $(cut -d' ' -f1-3 /proc/loadavg))" >&2
   echo "{\"mode\":\"load\",\"round\":$rnd,\"loadavg\":\"$(cut -d' ' -f1-3 /proc/loadavg)\"}" >>"$R"
+  [ "${ONLY:-}" = icpt ] && peers=()
   for p in "${peers[@]}"; do
     IFS='|' read -r name kinds <<<"$p"
     for kind in $kinds; do
@@ -322,6 +326,21 @@ def med(table, name, key):
     v = [r[key] for r in table.get(name, {}).values()]
     return st.median(v) if v else None
 f = lambda x, s="×": "–" if x is None else f"{x:.2f}{s}"
+if not lat:
+    # ONLY=icpt: the interception rows alone.
+    cpu_ic = rows("cpu", True)
+    print(f"\nIntercepted requests, {len(loads)} interleaved round(s), 8 keep-alive clients; ratios to a direct run just before each (median over rounds)")
+    print(f"load average at the start of each round: {'; '.join(loads)}\n")
+    print("| proxy | intercepted req/s | × direct | CPU per request |")
+    print("|---|---|---|---|")
+    print(f"| direct | {med(ic,'direct','req_per_s'):.0f} | – | – |")
+    for name in ic:
+        if name == "direct": continue
+        v = [c["icpt"] / c["tck"] / ic[name][k]["n"] for k, c in cpu_ic.get(name, {}).items() if k in ic[name] and ic[name][k]["n"]]
+        errs = sum(r["errors"] for r in ic[name].values())
+        print(f"| {name} | {med(ic,name,'req_per_s'):.0f} | {f(ratio(ic,name,'req_per_s'))} | {st.median(v)*1e6:.0f} µs |" + (f" ({errs} errors)" if errs else ""))
+    print(f"cage-egress audit: {injected} requests with an injected credential")
+    sys.exit(0)
 print(f"\nEgress tunnel path, {len(loads)} interleaved round(s), every proxy fresh per round; each ratio to a direct run just before it (median over rounds)")
 print(f"load average at the start of each round: {'; '.join(loads)}; at the end: {'; '.join(r['loadavg'] for r in rs if r['mode'] == 'load_end')}")
 print(f"{n_lat} new-tunnel GETs, one {int(bulk)>>20} MiB GET, 8 keep-alive tunnels for {ka}, {hold} idle tunnels, interception with 8 clients\n")

@@ -425,7 +425,10 @@ func TestPodmanCage(t *testing.T) {
 		t.Errorf("container %s left behind after a clean end", name)
 	}
 	// A podman killed while its container runs leaves it behind; then the
-	// ExecStopPost= removes it.
+	// ExecStopPost= removes it. The container runs until killed (the
+	// probe alone can end before a poll sees it).
+	e.agentCommand(t, agent, " /etc/nixcage/cage-seal -- ", "/bin/sleep 60")
+	defer e.agentCommand(t, agent, "", "")
 	e.m.MustRun(t, "systemctl", "start", "--no-block", unit)
 	caught := e.m.MustShell(t, "for i in $(seq 200); do "+exists+" && { echo running; exit 0; }; sleep 0.05; done")
 	if strings.TrimSpace(caught) != "running" {

@@ -127,6 +127,20 @@ func TestRunOnSystemd(t *testing.T) {
 		t.Errorf("two runs of one name back to back: exit %d\n%s", code, stderr)
 	}
 
+	// After a run caged starts the next one's namespace (a spare), and a
+	// run without --name gets it.
+	var spares []string
+	for i := 0; i < 100 && len(spares) == 0; i++ {
+		time.Sleep(100 * time.Millisecond)
+		spares = waitTornDown(t, sh)
+	}
+	if len(spares) != 1 {
+		t.Errorf("spare namespaces after a run: %v, want one", spares)
+	} else if _, stderr, code := run("cagectl run --no-workspace -- true"); code != 0 || !strings.Contains(stderr, "cage "+spares[0]+" exited") {
+		t.Errorf("a run after the spare %s was made: exit %d, %q; want it to be that run", spares[0], code, stderr)
+	}
+	assertTornDown(t, sh)
+
 	// The service backend, no workspace, and a command that fails.
 	if _, _, code := run("cagectl run --backend service --no-workspace -- /bin/sh -c 'test ! -e /workspace/job.sh && touch /workspace/x && exit 4'"); code != 4 {
 		t.Errorf("service backend run exited %d, want 4", code)
@@ -198,7 +212,7 @@ echo; cat /mnt/ro-data/note; echo x > /mnt/ro-data/new 2>/dev/null && echo bind-
 		t.Error("the fake API never received the real secret")
 	}
 	waitTornDown(t, sh)
-	if left := sh("ls /run/nixcage/runs/ 2>/dev/null; grep -rl " + runSecret + " /run/systemd /run/nixcage /var/lib/nixcage 2>/dev/null || true"); strings.TrimSpace(left) != "" {
+	if left := sh("grep -rl " + runSecret + " /run/systemd /run/nixcage /var/lib/nixcage 2>/dev/null || true"); strings.TrimSpace(left) != "" {
 		t.Errorf("the secret or the run's files outlived the run:\n%s", left)
 	}
 
@@ -323,25 +337,68 @@ echo; cat /mnt/ro-data/note; echo x > /mnt/ro-data/new 2>/dev/null && echo bind-
 // assertTornDown: nothing of any run is left but its audit. caged reports
 // a run's end (cagectl exits) before it tears the cage down, and removes
 // the run's directory last; so this waits, up to 10 s, for every run's
-// directory to be gone, then checks that nothing else is left either.
+// directory to be gone, then checks that nothing else is left either. The
+// one thing caged keeps is the next run's spare namespace (docs/run.md):
+// at most one, with nothing in it but lo and no process, and nothing of it
+// but its namespace unit, directory and mark.
 func assertTornDown(t *testing.T, sh func(string) string) {
 	t.Helper()
-	waitTornDown(t, sh)
+	spares := waitTornDown(t, sh)
+	if len(spares) > 1 {
+		t.Errorf("more than one spare namespace: %v", spares)
+	}
+	for _, sp := range spares {
+		if got := strings.TrimSpace(sh("ip netns pids nixcage-" + sp + "; ip -n nixcage-" + sp + " -o link show | cut -d: -f2")); got != "lo" {
+			t.Errorf("the spare namespace of %s is not fresh: %q, want only lo and no process", sp, got)
+		}
+	}
 	left := sh(`ls -d /run/systemd/system/*@run-* /run/systemd/system/*@visible* /run/systemd/transient/*run-* /run/netns/nixcage-* /run/nixcage/runs/* /run/nixcage/cage/* /var/lib/nixcage/egress/* 2>/dev/null || true
 systemctl list-units --all --no-legend --plain 'nixcage-*' 'cage-egress*' | grep -v caged || true`)
-	if strings.TrimSpace(left) != "" {
-		t.Errorf("left after the run:\n%s", left)
+	var rest []string
+	for _, l := range strings.Split(strings.TrimSpace(left), "\n") {
+		if l != "" && !spareLine(l, spares) {
+			rest = append(rest, l)
+		}
+	}
+	if len(rest) > 0 {
+		t.Errorf("left after the run:\n%s", strings.Join(rest, "\n"))
 	}
 }
 
+// spareLine: l is one of the three things a spare has (its namespace, its
+// namespace unit's file or state, its run directory).
+func spareLine(l string, spares []string) bool {
+	for _, sp := range spares {
+		for _, own := range []string{"/run/netns/nixcage-" + sp, "/run/systemd/system/nixcage-netns@" + sp + ".service", "/run/nixcage/runs/" + sp, "nixcage-netns@" + sp + ".service "} {
+			if l == own || strings.HasPrefix(l, own) && own[len(own)-1] == ' ' {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // waitTornDown waits, up to 10 s, until no run's directory is left
-// (/run/nixcage/runs/NAME, removed last by a teardown).
-func waitTornDown(t *testing.T, sh func(string) string) {
+// (/run/nixcage/runs/NAME, removed last by a teardown) but spares' (with
+// their mark), and returns the spares' names.
+func waitTornDown(t *testing.T, sh func(string) string) (spares []string) {
 	t.Helper()
-	for i := 0; strings.TrimSpace(sh("ls /run/nixcage/runs/ 2>/dev/null || true")) != ""; i++ {
+	for i := 0; ; i++ {
+		var runs []string
+		spares = nil
+		for _, l := range strings.Fields(sh(`for d in /run/nixcage/runs/*/; do [ -d "$d" ] || continue; n=$(basename "$d"); if [ -e "$d/spare" ]; then echo "spare:$n"; else echo "$n"; fi; done`)) {
+			if sp, ok := strings.CutPrefix(l, "spare:"); ok {
+				spares = append(spares, sp)
+			} else {
+				runs = append(runs, l)
+			}
+		}
+		if len(runs) == 0 {
+			return spares
+		}
 		if i == 100 {
-			t.Errorf("a run's teardown is not done 10 s after its cagectl exited: %s", sh("ls /run/nixcage/runs/"))
-			return
+			t.Errorf("a run's teardown is not done 10 s after its cagectl exited: %v", runs)
+			return spares
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

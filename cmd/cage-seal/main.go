@@ -1,5 +1,6 @@
 // Command cage-seal seals an nspawn or podman cage from inside (a seccomp
-// filter) and execs the agent's command. All logic lives in internal/seal.
+// filter) and execs the agent's command, or, as an nspawn cage's PID 1
+// (--init), runs it as its child. All logic lives in internal/seal.
 package main
 
 import (

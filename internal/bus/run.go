@@ -206,7 +206,7 @@ func FormatSummary(s RunSummary) string {
 	if len(s.BlockedHosts) > 0 {
 		fmt.Fprintf(&b, " (blocked: %s)", strings.Join(s.BlockedHosts, ", "))
 	}
-	fmt.Fprintf(&b, "\ncagectl: audit kept in %s; everything else was torn down", s.Audit)
+	fmt.Fprintf(&b, "\ncagectl: audit kept in %s; everything else is being torn down", s.Audit)
 	if s.Error != "" {
 		fmt.Fprintf(&b, "\ncagectl: %s", s.Error)
 	}

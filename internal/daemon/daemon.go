@@ -136,6 +136,9 @@ type Daemon struct {
 	turns       map[string]*turnLane // one queue of turns per agent (turn.go)
 	slicesOnce  sync.Once
 	ctl         controlState // signed control commands (control.go)
+	spareMu     sync.Mutex
+	spare       *spare // the next run's namespace, started ahead (spare.go)
+	noSpare     bool   // caged is stopping: no more spares
 }
 
 // Serve runs caged with o until ctx ends.

@@ -2,8 +2,6 @@ package daemon
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -109,8 +107,16 @@ func (d *Daemon) StartRun(ctx context.Context, req bus.RunRequest, stdio [3]dbus
 	}()
 
 	t0 := time.Now()
-	r, agent, store, err := d.prepareRun(req, bindF, binds, secrets, secretF, caller, sender)
+	spared := ""
+	if req.Name == "" {
+		spared = d.claimSpare()
+		req.Name = spared
+	}
+	r, agent, store, err := d.prepareRun(req, spared != "", bindF, binds, secrets, secretF, caller, sender)
 	if err != nil {
+		if spared != "" {
+			d.unclaimSpare(spared)
+		}
 		return "", err
 	}
 	r.started = t0
@@ -122,7 +128,7 @@ func (d *Daemon) StartRun(ctx context.Context, req bus.RunRequest, stdio [3]dbus
 
 // prepareRun checks the request, reads secrets, verifies binds and builds
 // the run's validated agent. Nothing is written yet.
-func (d *Daemon) prepareRun(req bus.RunRequest, bindF []*os.File, binds []bus.RunBind, secrets []bus.RunSecret, secretF []*os.File, caller bus.Identity, sender string) (*run, *config.Agent, *config.Store, error) {
+func (d *Daemon) prepareRun(req bus.RunRequest, spared bool, bindF []*os.File, binds []bus.RunBind, secrets []bus.RunSecret, secretF []*os.File, caller bus.Identity, sender string) (*run, *config.Agent, *config.Store, error) {
 	if len(binds) > maxRunBinds || len(secrets) > maxRunSecrets {
 		return nil, nil, nil, fmt.Errorf("%w: at most %d binds and %d secrets per run", bus.ErrInvalid, maxRunBinds, maxRunSecrets)
 	}
@@ -140,9 +146,7 @@ func (d *Daemon) prepareRun(req bus.RunRequest, bindF []*os.File, binds []bus.Ru
 	}
 	name := req.Name
 	if name == "" {
-		b := make([]byte, 4)
-		rand.Read(b)
-		name = "run-" + hex.EncodeToString(b)
+		name = newRunName()
 	}
 	if old := d.runByName(name); old != nil && old.isEnded() {
 		// Reported but still being torn down (finishRun): wait for it
@@ -155,7 +159,7 @@ func (d *Daemon) prepareRun(req bus.RunRequest, bindF []*os.File, binds []bus.Ru
 	if d.config().Agent(name) != nil || d.runByName(name) != nil {
 		return nil, nil, nil, fmt.Errorf("%w: %q is already a declared agent or a running cage; choose another --name", bus.ErrInvalid, name)
 	}
-	if _, err := os.Lstat(d.qdirs.Host(paths.RunDir(name))); err == nil {
+	if _, err := os.Lstat(d.qdirs.Host(paths.RunDir(name))); err == nil && !spared {
 		return nil, nil, nil, fmt.Errorf("%w: a cage named %q is still being torn down; choose another --name", bus.ErrInvalid, name)
 	}
 	r := &run{name: name, backend: req.Backend, by: caller.String(), uid: caller.UID, sender: sender,
@@ -368,6 +372,7 @@ func (d *Daemon) launchRun(ctx context.Context, r *run, agent *config.Agent, sto
 	if err := writeRunManifest(filepath.Join(r.dir, runManifest), installed); err != nil {
 		return fmt.Errorf("run %s: %w", r.name, err)
 	}
+	os.Remove(filepath.Join(r.dir, spareMark)) // a spare's namespace is this run's now
 	d.mu.Lock()
 	if d.runs == nil {
 		d.runs = map[string]*run{}
@@ -652,7 +657,11 @@ func (d *Daemon) stopRuns() {
 		runs = append(runs, r)
 	}
 	d.mu.RUnlock()
-	if len(runs) == 0 {
+	d.spareMu.Lock()
+	hasSpare := d.spare != nil
+	d.noSpare = true
+	d.spareMu.Unlock()
+	if len(runs) == 0 && !hasSpare {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -663,6 +672,7 @@ func (d *Daemon) stopRuns() {
 		return
 	}
 	defer sd.Close()
+	d.dropSpare(ctx, reconcile.Units{SD: sd})
 	for _, r := range runs {
 		d.log.Info("caged is stopping: tearing down a throw-away cage", "name", r.name, "by", r.by)
 		d.teardownRun(ctx, reconcile.Units{SD: sd}, r)
@@ -728,6 +738,7 @@ func (d *Daemon) finishRun(r *run, why string) {
 			"ran", tEnd.Sub(r.up).Round(time.Microsecond), "reported", tReported.Sub(tEnd).Round(time.Microsecond),
 			"teardown", time.Since(tReported).Round(time.Microsecond))
 		d.publishAgents(ctx)
+		go d.makeSpare()
 	})
 }
 

@@ -113,7 +113,7 @@ func (g *Gateway) bannedTarget(t *target) (policy.Decision, bool) {
 	if d, ok := g.banned(t.host); ok {
 		return d, true
 	}
-	return g.aliasRefused(g.st.Load(), t.host, t.aliases)
+	return g.aliasRefused(g.st.Load(), t.host, t.aliases, t.rule)
 }
 
 // banFor is the first ban covering host or one of its aliases, or nil.
@@ -147,9 +147,12 @@ func (g *Gateway) lookup(ctx context.Context, host string) ([]netip.Addr, []stri
 
 // aliasRefused is the refusal of host when a ban or the policy's deny list
 // covers one of its aliases (dnsfilter.Chain.Refused): the same judgement
-// the cage's DNS filter makes of the answer.
-func (g *Gateway) aliasRefused(st *state, host string, aliases []string) (policy.Decision, bool) {
-	return dnsfilter.Chain{Qname: host, Aliases: aliases}.Refused(st.pol.Deny, g.Bans())
+// the cage's DNS filter makes of the answer. A host learn mode let through
+// (rule) has the shipped deny lists judge its aliases too
+// (dnsfilter.ChainDeny).
+func (g *Gateway) aliasRefused(st *state, host string, aliases []string, rule string) (policy.Decision, bool) {
+	deny := dnsfilter.ChainDeny(st.pol, g.learn.Load(), rule)
+	return dnsfilter.Chain{Qname: host, Aliases: aliases}.Refused(deny, g.Bans())
 }
 
 // errDecided is a resolution refused by a policy decision (a banned or

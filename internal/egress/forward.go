@@ -162,10 +162,8 @@ func decideRequest(st *state, t *target, r *http.Request) *blockedErr {
 	if r.Method == http.MethodTrace {
 		return block(http.StatusMethodNotAllowed, "trace", "TRACE is not allowed (it reflects headers, including credentials)")
 	}
-	for _, h := range chainingHeaders {
-		if r.Header.Get(h) != "" {
-			return block(http.StatusForbidden, "proxy-chaining", "header %s: proxy chaining is not allowed", h)
-		}
+	if b := chainingBlock(r.Header); b != nil {
+		return b
 	}
 	if n := headerSize(r); n > st.maxHeader {
 		return block(http.StatusRequestHeaderFieldsTooLarge, "max-header-bytes", "request header of %d bytes exceeds %d", n, st.maxHeader)

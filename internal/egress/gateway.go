@@ -33,6 +33,7 @@ import (
 
 	"github.com/nixcage/nixcage/internal/egress/audit"
 	"github.com/nixcage/nixcage/internal/egress/ca"
+	"github.com/nixcage/nixcage/internal/egress/dnsfilter"
 	"github.com/nixcage/nixcage/internal/egress/inspect"
 	"github.com/nixcage/nixcage/internal/egress/netguard"
 	"github.com/nixcage/nixcage/internal/egress/redact"
@@ -96,7 +97,12 @@ type Gateway struct {
 	mu       sync.Mutex
 	listen   map[netip.AddrPort]bool
 	h1, h2   *http.Transport
-	log      *slog.Logger
+	// upTLS is the client config toward intercepted upstreams (one
+	// session cache: a new connection to a host resumes its TLS session);
+	// upIdle the upstream connections between intercepted tunnels.
+	upTLS  *tls.Config
+	upIdle upPool
+	log    *slog.Logger
 	// grants are the time-bound grants in force (grants.go), swapped
 	// whole when the grants file changes; expiry is checked per decision.
 	grants atomic.Pointer[[]policy.Grant]
@@ -140,6 +146,7 @@ func New(rt *policy.Runtime, opts Options) (*Gateway, error) {
 	if rt.Approval != nil {
 		g.approvals = newApprovals(rt.Approval, rt.Agent)
 	}
+	g.upTLS = &tls.Config{RootCAs: opts.UpstreamRoots, MinVersion: tls.VersionTLS12, ClientSessionCache: tls.NewLRUClientSessionCache(0)}
 	g.h1 = g.newTransport(false)
 	g.h2 = g.newTransport(true)
 	return g, nil
@@ -295,16 +302,23 @@ func (e errRefused) Error() string { return e.err.Error() }
 // resolve looks host up once and vets every address. Any forbidden address
 // refuses the whole name: a mixed answer is how rebinding starts. A ban or
 // deny entry covering one of the answer's aliases refuses it too
-// (errDecided, bans.go); the aliases are returned for the tunnel to be
-// judged by later bans.
-func (g *Gateway) resolve(ctx context.Context, st *state, host string, port int) (netip.AddrPort, []string, error) {
+// (errDecided, bans.go; rule is host's decision, for learn mode's deny
+// lists); the aliases are returned for the tunnel to be judged by later
+// bans.
+func (g *Gateway) resolve(ctx context.Context, st *state, host string, port int, rule string) (netip.AddrPort, []string, error) {
+	// The lookup sends host upstream as a DNS query would: the cage's
+	// DNS limits on names hold for it too (and its lookup budget, in the
+	// Resolver).
+	if why, rule, ok := dnsfilter.CheckName(st.pol, host); !ok {
+		return netip.AddrPort{}, nil, errDecided{policy.Decision{Result: policy.Deny, Rule: rule, Reason: why}}
+	}
 	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
 	defer cancel()
 	addrs, aliases, err := g.lookup(ctx, host)
 	if err != nil {
 		return netip.AddrPort{}, nil, fmt.Errorf("resolve %s: %w", host, err)
 	}
-	if d, ok := g.aliasRefused(st, host, aliases); ok {
+	if d, ok := g.aliasRefused(st, host, aliases, rule); ok {
 		return netip.AddrPort{}, nil, errDecided{d}
 	}
 	if len(addrs) == 0 {
@@ -347,7 +361,10 @@ func (g *Gateway) newTransport(h2 bool) *http.Transport {
 			}
 			return g.dial(ctx, di.st, di.dst)
 		},
-		TLSClientConfig:       &tls.Config{RootCAs: g.opts.UpstreamRoots, MinVersion: tls.VersionTLS12},
+		// A copy per transport: the HTTP/2 one adds "h2" to its
+		// NextProtos, which must not reach the HTTP/1.1 clients' offers.
+		// The session cache is shared.
+		TLSClientConfig:       g.upTLS.Clone(),
 		TLSHandshakeTimeout:   handshakeTimeout,
 		MaxIdleConnsPerHost:   64,
 		IdleConnTimeout:       90 * time.Second,

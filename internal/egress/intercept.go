@@ -94,9 +94,18 @@ func (g *Gateway) intercept(raw net.Conn, pre []byte, t *target, rec audit.Recor
 	// A hijacked connection (a WebSocket relay) is done when its handler
 	// returns, not when net/http lets go of it.
 	var hijacked atomic.Bool
+	// HTTP/1.1 requests go upstream on the tunnel's own connection
+	// (upstream.go); HTTP/2 streams through the multiplexing Transport.
+	var up http.RoundTripper = g.h2
+	var ucl *tunnelClient
+	if !h2 {
+		ucl = g.newTunnelClient()
+		defer ucl.close()
+		up = ucl
+	}
 	srv := &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			g.serveInner(w, r, t, h2)
+			g.serveInner(w, r, t, h2, up)
 			if hijacked.Load() {
 				closeOnce.Do(func() { close(l.done) })
 			}
@@ -121,11 +130,17 @@ func (g *Gateway) intercept(raw net.Conn, pre []byte, t *target, rec audit.Recor
 	if err := srv.Serve(l); err != nil && !errors.Is(err, net.ErrClosed) {
 		g.log.Debug("intercepted connection ended", "host", t.host, "err", err)
 	}
+	// The upstream connection is free for the next tunnel before the
+	// close record says this one ended.
+	if ucl != nil {
+		ucl.close()
+	}
 	finish(audit.Allowed, t.rule, "intercepted tunnel to "+t.host+" closed")
 }
 
 // serveInner handles one request inside an intercepted tunnel.
-func (g *Gateway) serveInner(w http.ResponseWriter, r *http.Request, t *target, h2 bool) {
+// up is the upstream client for the tunnel's requests.
+func (g *Gateway) serveInner(w http.ResponseWriter, r *http.Request, t *target, h2 bool, up http.RoundTripper) {
 	start := time.Now()
 	rec := audit.Record{Method: r.Method, Host: t.host, Port: t.port, Path: r.URL.Path, Rule: t.rule}
 	if r.Method == http.MethodConnect {
@@ -179,9 +194,5 @@ func (g *Gateway) serveInner(w http.ResponseWriter, r *http.Request, t *target, 
 		defer release()
 	}
 	g.limitBody(w, r, t.st)
-	tr := g.h1
-	if h2 {
-		tr = g.h2
-	}
-	g.forwardWith(w, r, t, rec, start, tr, "https")
+	g.forwardWith(w, r, t, rec, start, up, "https")
 }

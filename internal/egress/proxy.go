@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/nixcage/nixcage/internal/egress/audit"
+	"github.com/nixcage/nixcage/internal/egress/dnsfilter"
 	"github.com/nixcage/nixcage/internal/policy"
 )
 
@@ -39,6 +40,19 @@ func (g *Gateway) NewProxyServer() *http.Server {
 // chainingHeaders ask a proxy to forward to another proxy or carry a hop
 // history: a cage has exactly one hop.
 var chainingHeaders = []string{"Via", "Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "Max-Forwards"}
+
+// chainingBlock refuses a request that carries a chaining header, with
+// any value: Header.Get reads only the first line, and an empty first
+// line must not hide a second one, which would be forwarded (the upstream
+// reads "X-Forwarded-Host: ,evil.test").
+func chainingBlock(hdr http.Header) *blockedErr {
+	for _, h := range chainingHeaders {
+		if len(hdr.Values(h)) > 0 {
+			return block(http.StatusForbidden, "proxy-chaining", "header %s: proxy chaining is not allowed", h)
+		}
+	}
+	return nil
+}
 
 // hopHeaders are removed before forwarding (RFC 9110 §7.6.1 plus proxy ones).
 var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
@@ -107,7 +121,7 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	}
 	rec.Reason = approvedBy(dec)
 	rec.Rule = dec.Rule
-	dst, aliases, err := g.resolve(r.Context(), st, host, port)
+	dst, aliases, err := g.resolve(r.Context(), st, host, port, dec.Rule)
 	if err != nil {
 		g.refuse(w, r, rec, resolveBlock(err), start)
 		return
@@ -122,6 +136,9 @@ func resolveBlock(err error) *blockedErr {
 	var dec errDecided
 	if errors.As(err, &dec) {
 		return block(http.StatusForbidden, dec.d.Rule, "%s", dec.d.Reason)
+	}
+	if errors.Is(err, dnsfilter.ErrLookupRate) {
+		return block(http.StatusTooManyRequests, dnsfilter.RuleRateLimit, "%v", err)
 	}
 	if errors.As(err, &ref) {
 		return block(http.StatusForbidden, "address", "%v", err)
@@ -189,10 +206,8 @@ func (g *Gateway) decideConnect(ctx context.Context, st *state, authority string
 	if err != nil {
 		return nil, rec, false, block(http.StatusBadRequest, "authority", "CONNECT %v", err)
 	}
-	for _, h := range chainingHeaders {
-		if hdr.Get(h) != "" {
-			return nil, rec, false, block(http.StatusForbidden, "proxy-chaining", "header %s: proxy chaining is not allowed", h)
-		}
+	if b := chainingBlock(hdr); b != nil {
+		return nil, rec, false, b
 	}
 	lit, isLit := benchLiteral(g.opts.UnsafeBenchIPLiterals, host)
 	var dec policy.Decision
@@ -216,7 +231,7 @@ func (g *Gateway) decideConnect(ctx context.Context, st *state, authority string
 	if isLit {
 		dst, err = checkLiteral(st, lit, port)
 	} else {
-		dst, aliases, err = g.resolve(ctx, st, host, port)
+		dst, aliases, err = g.resolve(ctx, st, host, port, dec.Rule)
 	}
 	if err != nil {
 		return nil, rec, false, resolveBlock(err)

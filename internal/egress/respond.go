@@ -18,6 +18,12 @@ import (
 // refused (a *blockedErr, before anything is written) rather than passed.
 func (g *Gateway) respond(w http.ResponseWriter, resp *http.Response, t *target) (int64, redact.Result, error) {
 	var res redact.Result
+	if resp.StatusCode < 100 {
+		// net/http's client takes any three digits as a status; writing
+		// one below 100 panics the agent's server, and the request would
+		// end with no answer and no audit record.
+		return 0, res, block(http.StatusBadGateway, "upstream", "upstream: status %03d", resp.StatusCode)
+	}
 	m := t.st.redact
 	var src io.Reader = resp.Body
 	decoded := false

@@ -165,9 +165,13 @@ func runServe(ctx context.Context, args []string, stdio Stdio) error {
 		return err
 	}
 	defer al.Close()
+	// One lookup budget for the cage: the names its DNS queries ask for
+	// and the names its CONNECT and plain HTTP requests have the gateway
+	// look up reach the upstream resolver alike.
+	lookups := dnsfilter.NewLookups()
 	g, err := New(rt, Options{
 		CredentialsDir: credDir,
-		Resolver:       &dnsfilter.Resolver{Server: resolverAddr},
+		Resolver:       &dnsfilter.Resolver{Server: resolverAddr, Lookups: lookups},
 		UpstreamRoots:  roots,
 		Audit:          al,
 		CA:             authority,
@@ -226,7 +230,7 @@ func runServe(ctx context.Context, args []string, stdio Stdio) error {
 		servers = append(servers, srv)
 		go func() { errc <- srv.Serve(g.ProxyListener(l)) }()
 	}
-	filter := &dnsfilter.Filter{Current: g.dnsConfig, Upstream: resolverAddr, Audit: al}
+	filter := &dnsfilter.Filter{Current: g.dnsConfig, Upstream: resolverAddr, Audit: al, Lookups: lookups}
 	var dnsServers []*dns.Server
 	for _, l := range ls.dnsTCP {
 		s := &dns.Server{Listener: l, Handler: filter, Net: "tcp"}

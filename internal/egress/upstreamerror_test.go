@@ -24,15 +24,7 @@ import (
 // transport cannot parse.
 func rawUpstream(t *testing.T, caDir string, answer func(key string) string) int {
 	t.Helper()
-	a, err := ca.Load(filepath.Join(caDir, ca.KeyFile), filepath.Join(caDir, ca.CertFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) { return a.Leaf(h.ServerName) }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
+	l := upstreamListener(t, caDir)
 	serveEach(l, func(c net.Conn) {
 		tp := textproto.NewReader(bufio.NewReader(c))
 		if _, err := tp.ReadLine(); err != nil {
@@ -42,6 +34,22 @@ func rawUpstream(t *testing.T, caDir string, answer func(key string) string) int
 		fmt.Fprint(c, answer(h.Get("X-Api-Key")))
 	})
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// upstreamListener is a TLS listener on loopback with leaves from the
+// harness's upstream CA in caDir, closed at the end of the test.
+func upstreamListener(t *testing.T, caDir string) net.Listener {
+	t.Helper()
+	a, err := ca.Load(filepath.Join(caDir, ca.KeyFile), filepath.Join(caDir, ca.CertFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) { return a.Leaf(h.ServerName) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
 }
 
 // Red team, issue 11 item 1: the gateway's own refusal quoted the

@@ -353,9 +353,23 @@ func TestWorkspaceWalls(t *testing.T) {
 		if !strings.Contains(mount, "Options=bind,nosuid,nodev\n") || !strings.Contains(unit, "Requires=var-lib-nixcage-agents-"+agent+".mount\n") {
 			t.Errorf("%s (%s): workspace not bound nosuid,nodev on the host before the cage starts:\n%s\n%s", agent, backend, mount, unit)
 		}
-		for _, want := range []string{"RestrictSUIDSGID=yes\n", "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK\n", " /etc/nixcage/cage-seal -- /bin/sh -c", base + ":65536"} {
-			if !strings.Contains(unit, want) {
-				t.Errorf("%s (%s): unit lacks %q", agent, backend, want)
+		want := []string{"RestrictSUIDSGID=yes\n", "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK\n", " /etc/nixcage/cage-seal -- /bin/sh -c", base + ":65536"}
+		if backend == "podman" {
+			// cage-seal's filter in place of podman's profile.
+			want = append(want, " --security-opt=seccomp=unconfined ")
+		}
+		if backend == "nspawn" {
+			// cage-seal is the cage's PID 1, sealed first, in place of
+			// nspawn's stub init and nspawn's own filter (seal/init.go).
+			want = []string{"RestrictSUIDSGID=yes\n", "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK\n", " -- /etc/nixcage/cage-seal --init -- /bin/sh -c", base + ":65536",
+				"Environment=SYSTEMD_SECCOMP=0\n", " --kill-signal=SIGTERM "}
+			if strings.Contains(unit, "--as-pid2") {
+				t.Errorf("%s (%s): nspawn's stub init is PID 1 again (--as-pid2), outside cage-seal's filter", agent, backend)
+			}
+		}
+		for _, w := range want {
+			if !strings.Contains(unit, w) {
+				t.Errorf("%s (%s): unit lacks %q", agent, backend, w)
 			}
 		}
 	}

@@ -26,7 +26,7 @@ type Shell struct {
 	Term         string   // TERM for the shell, with a terminal
 	By           string   // who opened it, for the description
 	// ContainerPID is, for an nspawn cage, the host pid of the cage's own
-	// PID 1 (nspawn's stub init), whose namespaces the shell joins.
+	// PID 1 (cage-seal --init), whose namespaces the shell joins.
 	ContainerPID int
 	// Nsenter is the host's nsenter(1) (util-linux), for nspawn cages.
 	Nsenter string
@@ -102,9 +102,9 @@ func ShellDropIn(a *config.Agent, s Shell) ([]byte, error) {
 			// namespace it has every capability anyway, which cage-seal
 			// --no-caps drops.
 			"CapabilityBoundingSet", "CAP_SYS_ADMIN CAP_SYS_PTRACE CAP_SYS_CHROOT CAP_DAC_READ_SEARCH",
-			// What nspawn's own filter refuses the agent and nsenter does
-			// not need (nspawn's filter is an allow list the shell does not
-			// get; the rest of it guards calls that need capabilities).
+			// nsenter's own walls, until cage-seal puts the agent's filter
+			// (nspawn 252's allow list and the cage's argument checks) on
+			// the shell: what that list refuses and nsenter does not need.
 			"SystemCallFilter", "~@clock @cpu-emulation @module @obsolete @raw-io @reboot @swap "+ioURing,
 			"SystemCallErrorNumber", "EPERM",
 		)

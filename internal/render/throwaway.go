@@ -191,3 +191,18 @@ func RenderThrowaway(a *config.Agent, store *config.Store, o Options, t Throwawa
 	}
 	return out, nil
 }
+
+// ThrowawayNetns is the namespace unit of the throw-away cage name, as
+// RenderThrowaway renders it (path relative to "/"): caged starts one for
+// the next run ahead of it (docs/run.md, "A spare namespace").
+func ThrowawayNetns(o Options, name string) (File, error) {
+	r := &renderer{cfg: &config.Config{}, o: o, run: &Throwaway{}}
+	r.templates()
+	for _, f := range r.files {
+		if f.Path == filepath.Join("systemd/system", paths.NetnsTemplate) {
+			f.Path = filepath.Join("run/systemd/system", paths.Instance(paths.NetnsTemplate, name))
+			return f, nil
+		}
+	}
+	return File{}, fmt.Errorf("render: no namespace template")
+}

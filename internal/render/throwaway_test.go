@@ -100,3 +100,34 @@ func TestCheckBindPath(t *testing.T) {
 		}
 	}
 }
+
+// The spare namespace caged starts ahead of a run is byte for byte the
+// namespace unit the run's own rendering has (caged then leaves it as it
+// is), and has nothing that would stop it while no unit needs it yet.
+func TestThrowawayNetnsIsTheRunsOwn(t *testing.T) {
+	spare, err := ThrowawayNetns(DefaultOptions(), "run-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, backend := range []string{config.BackendService, config.BackendNspawn} {
+		files, err := RenderThrowaway(throwawayAgent(t, backend), nil, DefaultOptions(), Throwaway{Prefix: "/run/nixcage/runs/run-test", User: "alice", UID: 1000, GID: 1000, Transient: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, f := range files {
+			if f.Path == spare.Path {
+				found = true
+				if !bytes.Equal(f.Data, spare.Data) || f.Mode != spare.Mode {
+					t.Errorf("%s: the run's %s differs from the spare's:\n%s\n---\n%s", backend, f.Path, f.Data, spare.Data)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("%s: the run has no %s", backend, spare.Path)
+		}
+	}
+	if strings.Contains(string(spare.Data), "StopWhenUnneeded") || !strings.Contains(string(spare.Data), "ip netns add nixcage-%i") {
+		t.Errorf("spare namespace unit:\n%s", spare.Data)
+	}
+}

@@ -184,8 +184,16 @@ func (r *renderer) templates() {
 	// ordered before sockets.target, which basic.target waits for.
 	netns := paths.NetnsName("%i")
 	stale := r.staleNetns(netns)
+	netnsSec := sec("Unit", append([]string{"Description", "nixcage network namespace of %i (loopback only, no route)"}, shutdown...)...)
+	if r.run != nil {
+		// A throw-away cage's namespace is stopped by caged's teardown,
+		// and caged starts the next run's before that run exists (a
+		// spare, docs/run.md): nothing needs it yet, and it must not stop
+		// for that.
+		netnsSec = sec("Unit", append([]string{"Description", "nixcage network namespace of %i (loopback only, no route)"}, shutdown[:len(shutdown)-2]...)...)
+	}
 	r.unit(paths.NetnsTemplate,
-		sec("Unit", append([]string{"Description", "nixcage network namespace of %i (loopback only, no route)"}, shutdown...)...),
+		netnsSec,
 		sec("Service",
 			"Type", "oneshot",
 			"RemainAfterExit", "yes",

@@ -6,3 +6,6 @@ const (
 	nativeArch    = 0
 	foreignNrBase = 0
 )
+
+// allowList: none for this architecture (Program refuses to build a filter).
+var allowList []uint32

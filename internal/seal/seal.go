@@ -1,9 +1,13 @@
 // Package seal is the wall nspawn and podman cages put up around the agent
 // from inside: cage-seal, the first program the container manager starts,
-// installs a seccomp filter and then execs the agent's command. The filter
-// is inherited by every process of the cage and cannot be removed.
+// installs a seccomp filter and then execs the agent's command (podman), or
+// stays as the cage's PID 1 with the agent as its child (nspawn, init.go).
+// The filter is inherited by every process of the cage and cannot be
+// removed.
 //
-// It refuses what the managers' own filters let through (issue 16):
+// It is systemd-nspawn 252's allow list (allowlist.go), which replaces
+// nspawn's own filter, and it refuses besides what the managers' own
+// filters let through (issue 16):
 //   - io_uring: its opcodes (IORING_OP_SOCKET, ...) bypass per-syscall
 //     filters such as the units' RestrictAddressFamilies=;
 //   - new namespaces: unshare(2) and clone(2) with any CLONE_NEW* flag
@@ -17,8 +21,12 @@
 //     the host kernel's device events to every network namespace the
 //     host's root made, the cage's included, with a global sequence number
 //     that counts every other cage's start (red team, issue 21 item 4);
-//   - fchmodat2(2) with a setuid or setgid bit: the units' RestrictSUIDSGID=
-//     (systemd 252) predates that call (Linux 6.6) and does not see it;
+//   - fchmodat2(2) (ENOSYS, newer than the list, so libc falls back to
+//     fchmodat): the units' RestrictSUIDSGID= (systemd 252) predates that
+//     call (Linux 6.6) and does not see its setuid and setgid bits;
+//   - personality(2) but for the queries and the 32-bit and uname26
+//     personas (podman's default profile has the same list): no
+//     ADDR_NO_RANDOMIZE or READ_IMPLIES_EXEC for what the agent execs;
 //   - foreign-ABI system calls (x32, 32-bit compat), which would reach the
 //     same kernel functions under numbers the filter does not check.
 //
@@ -55,6 +63,10 @@ var Families = []int{unix.AF_UNIX, unix.AF_INET, unix.AF_INET6, unix.AF_NETLINK}
 // its sockets (ss), both of its own network namespace only.
 var NetlinkProtocols = []int{unix.NETLINK_ROUTE, unix.NETLINK_SOCK_DIAG}
 
+// personalities are the personality(2) arguments a cage may pass: query
+// (0xffffffff), PER_LINUX, PER_LINUX32, and either with UNAME26.
+var personalities = []uint32{0, 0x8, 0x20000, 0x20008, 0xffffffff}
+
 // Offsets into struct seccomp_data.
 const (
 	offNr   = 0
@@ -65,9 +77,10 @@ const (
 
 func retErrno(e unix.Errno) uint32 { return unix.SECCOMP_RET_ERRNO | uint32(e)&unix.SECCOMP_RET_DATA }
 
-// Program is the filter for this machine's architecture.
+// Program is the filter for this machine's architecture: the allow list
+// (allowlist.go) with the argument checks above in front of it.
 func Program() ([]unix.SockFilter, error) {
-	if nativeArch == 0 {
+	if nativeArch == 0 || len(allowList) == 0 {
 		return nil, fmt.Errorf("seal: no seccomp filter for %s", runtime.GOARCH)
 	}
 	var a asm
@@ -77,20 +90,22 @@ func Program() ([]unix.SockFilter, error) {
 	if foreignNrBase != 0 {
 		a.jge(foreignNrBase, "eperm")
 	}
-	for _, nr := range []uint32{unix.SYS_IO_URING_SETUP, unix.SYS_IO_URING_ENTER, unix.SYS_IO_URING_REGISTER} {
-		a.jeq(nr, "eperm")
-	}
 	a.jeq(unix.SYS_CLONE3, "enosys")
 	a.jeq(unix.SYS_UNSHARE, "unshare")
 	a.jeq(unix.SYS_CLONE, "clone")
 	a.jeq(unix.SYS_SOCKET, "socket")
-	a.jeq(unix.SYS_FCHMODAT2, "fchmodat2")
-	a.ret(unix.SECCOMP_RET_ALLOW)
+	a.jeq(unix.SYS_PERSONALITY, "personality")
+	a.jge(newerThanList, "enosys")
+	a.ja("list")
 
-	a.label("fchmodat2")
-	a.ld(offArg2)
-	a.jset(unix.S_ISUID|unix.S_ISGID, "eperm")
-	a.ret(unix.SECCOMP_RET_ALLOW)
+	a.label("personality")
+	a.ld(offArg0 + 4) // the high word: none of these sets it
+	a.jne(0, "eperm")
+	a.ld(offArg0)
+	for _, p := range personalities {
+		a.jeq(p, "allow")
+	}
+	a.ret(retErrno(unix.EPERM))
 
 	a.label("unshare")
 	a.ld(offArg0)
@@ -126,7 +141,14 @@ func Program() ([]unix.SockFilter, error) {
 	a.ret(retErrno(unix.EPERM))
 	a.label("enosys")
 	a.ret(retErrno(unix.ENOSYS))
-	return a.assemble()
+
+	// Everything else: the list, the number still in the accumulator.
+	a.label("list")
+	prog, err := a.assemble()
+	if err != nil {
+		return nil, err
+	}
+	return append(prog, allowTree(spans(allowList))...), nil
 }
 
 // Install puts the filter on every thread of this process (and so on all it
@@ -149,10 +171,14 @@ func Install() error {
 	return nil
 }
 
-// Run is cage-seal: `cage-seal [--no-caps] [--chdir DIR] -- COMMAND [ARG...]`
+// Run is cage-seal: `cage-seal [--init] [--no-caps] [--chdir DIR] -- COMMAND [ARG...]`
 // installs the filter and replaces itself with COMMAND (looked up in PATH
 // when not absolute), with the environment unchanged. It returns only on
 // failure; the agent never runs unsealed.
+//
+// --init makes cage-seal the cage's PID 1 instead (nspawn cages, init.go):
+// the filter goes on first, before anything else this process does, and
+// COMMAND runs as its child.
 //
 // --no-caps also empties every capability set, the bounding set included,
 // before sealing: caged's shells in nspawn cages (cagectl shell) join the
@@ -160,9 +186,12 @@ func Install() error {
 // agent itself got none from its container manager, and so must the shell.
 // --chdir changes directory first (the shell's starts in the workspace).
 func Run(args []string) error {
-	noCaps, dir := false, ""
+	noCaps, initMode, dir := false, false, ""
 	for len(args) > 0 && args[0] != "--" {
 		switch {
+		case args[0] == "--init":
+			initMode = true
+			args = args[1:]
 		case args[0] == "--no-caps":
 			noCaps = true
 			args = args[1:]
@@ -170,14 +199,25 @@ func Run(args []string) error {
 			dir = args[1]
 			args = args[2:]
 		default:
-			return fmt.Errorf("usage: cage-seal [--no-caps] [--chdir DIR] -- COMMAND [ARG...] (unknown %q)", args[0])
+			return fmt.Errorf("usage: cage-seal [--init] [--no-caps] [--chdir DIR] -- COMMAND [ARG...] (unknown %q)", args[0])
 		}
 	}
 	if len(args) > 0 && args[0] == "--" {
 		args = args[1:]
 	}
 	if len(args) == 0 {
-		return errors.New("usage: cage-seal [--no-caps] [--chdir DIR] -- COMMAND [ARG...]")
+		return errors.New("usage: cage-seal [--init] [--no-caps] [--chdir DIR] -- COMMAND [ARG...]")
+	}
+	if initMode && noCaps {
+		// Capabilities are per thread; the init's are the container
+		// manager's to drop (nspawn --drop-capability=all).
+		return errors.New("usage: cage-seal: --init and --no-caps do not go together")
+	}
+	if initMode {
+		// PID 1 of the cage: sealed before it does anything else.
+		if err := Install(); err != nil {
+			return err
+		}
 	}
 	if dir != "" {
 		if err := os.Chdir(dir); err != nil {
@@ -187,6 +227,9 @@ func Run(args []string) error {
 	path, err := exec.LookPath(args[0])
 	if err != nil {
 		return fmt.Errorf("seal: %w", err)
+	}
+	if initMode {
+		return runInit(path, args)
 	}
 	// The filter goes on all threads (TSYNC), but execve replaces the
 	// calling one: keep this goroutine on the thread that was filtered last
@@ -276,6 +319,7 @@ type jump struct {
 	at     int
 	target string
 	onTrue bool // the jump is taken when the test is true (else when false)
+	always bool // an unconditional jump (32-bit offset)
 }
 
 func (a *asm) ld(off uint32) {
@@ -296,6 +340,11 @@ func (a *asm) jne(k uint32, target string)  { a.cond(unix.BPF_JEQ, k, target, fa
 func (a *asm) jge(k uint32, target string)  { a.cond(unix.BPF_JGE, k, target, true) }
 func (a *asm) jset(k uint32, target string) { a.cond(unix.BPF_JSET, k, target, true) }
 
+func (a *asm) ja(target string) {
+	a.jumps = append(a.jumps, jump{at: len(a.ins), target: target, always: true})
+	a.ins = append(a.ins, unix.SockFilter{Code: unix.BPF_JMP | unix.BPF_JA})
+}
+
 func (a *asm) label(name string) {
 	if a.labels == nil {
 		a.labels = map[string]int{}
@@ -310,6 +359,10 @@ func (a *asm) assemble() ([]unix.SockFilter, error) {
 			return nil, fmt.Errorf("seal: jump to unknown label %q", j.target)
 		}
 		d := to - j.at - 1
+		if j.always && d >= 0 {
+			a.ins[j.at].K = uint32(d)
+			continue
+		}
 		if d < 0 || d > 255 {
 			return nil, fmt.Errorf("seal: jump to %q out of range (%d)", j.target, d)
 		}

@@ -2,6 +2,7 @@ package dnsfilter
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/miekg/dns"
@@ -84,6 +85,18 @@ func FollowChain(qname string, answer []dns.RR) (Chain, []dns.RR, int) {
 		}
 	}
 	return c, kept, len(answer) - len(kept)
+}
+
+// ChainDeny is the deny list a chain is judged by: the policy's, and for
+// a name learn mode let through (rule policy.RuleLearn) the shipped deny
+// lists learn mode never passes (policy.Learning.Deny) as well, or an
+// unlisted name CNAMEd to a shipped-denied one would be that host under
+// another name.
+func ChainDeny(p *policy.Policy, l *policy.Learning, rule string) []string {
+	if rule != policy.RuleLearn || l == nil || len(l.Deny) == 0 {
+		return p.Deny
+	}
+	return append(slices.Clip(p.Deny), l.Deny...)
 }
 
 // Refused is the decision refusing the chain's first name when an alias is

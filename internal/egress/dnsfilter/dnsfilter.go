@@ -52,11 +52,13 @@ type Filter struct {
 	Upstream string // host:port of the upstream resolver
 	Audit    *audit.Logger
 	Timeout  time.Duration
+	// Lookups is the cage's lookup budget, shared with the gateway's
+	// Resolver; nil gives the filter one of its own.
+	Lookups *Lookups
 
-	once    sync.Once
-	cache   *cache
-	lookups *bucket
-	watch   *watcher
+	once  sync.Once
+	cache *cache
+	watch *watcher
 }
 
 // Refusal is the one rcode for every query the policy refuses (denied or
@@ -67,16 +69,25 @@ type Filter struct {
 // answers (NXDOMAIN included) pass through.
 const Refusal = dns.RcodeRefused
 
-// Lookup rate per cage: cache misses that reach the upstream resolver.
+// Lookup rate per cage: cache misses that reach the upstream resolver,
+// from the filter and the gateway's Resolver together (Lookups).
 const (
 	LookupsPerSecond = 50
 	LookupBurst      = 200
 )
 
+// RuleRateLimit refuses a lookup beyond the cage's budget; ErrLookupRate
+// says why.
+const RuleRateLimit = "dns-rate-limit"
+
+var ErrLookupRate = fmt.Errorf("more than %d lookups per second (burst %d) from this cage", LookupsPerSecond, LookupBurst)
+
 func (f *Filter) init() {
 	f.once.Do(func() {
-		f.cache = newCache(cacheEntries)
-		f.lookups = newBucket(LookupsPerSecond, LookupBurst)
+		f.cache = newCache(cacheEntries, cacheCost)
+		if f.Lookups == nil {
+			f.Lookups = NewLookups()
+		}
 		f.watch = newWatcher()
 	})
 }
@@ -107,17 +118,8 @@ func DecideLearning(p *policy.Policy, l *policy.Learning, grants []policy.Grant,
 	if q.Qclass != dns.ClassINET {
 		return false, fmt.Sprintf("class %s refused", dns.ClassToString[q.Qclass]), "dns-class"
 	}
-	maxLabel := p.DNS.MaxLabelLength
-	if maxLabel <= 0 || maxLabel > policy.DefaultMaxLabelLength {
-		maxLabel = policy.DefaultMaxLabelLength
-	}
-	for _, l := range strings.Split(name, ".") {
-		if len(l) > maxLabel {
-			return false, fmt.Sprintf("label of %d bytes exceeds %d (data smuggling)", len(l), maxLabel), "dns-label-length"
-		}
-	}
-	if err := policy.CheckHostname(name); err != nil {
-		return false, fmt.Sprintf("name %q is not a host name: %v", name, err), "dns-name"
+	if why, rule, ok := CheckName(p, name); !ok {
+		return false, why, rule
 	}
 	ok, rule := p.AllowsNameLearning(l, grants, now, name)
 	if !ok {
@@ -137,6 +139,36 @@ func DecideLearning(p *policy.Policy, l *policy.Learning, grants []policy.Grant,
 		return false, fmt.Sprintf("record type %s is not in the policy's dns allow_types %v", t, allow), "dns-type:" + t
 	}
 	return true, "name " + name + " allowed", rule
+}
+
+// RuleLabelLength refuses a name with a label longer than the policy's
+// dns max_label_length, RuleName one that is not a host name (CheckName).
+const (
+	RuleLabelLength = "dns-label-length"
+	RuleName        = "dns-name"
+)
+
+// CheckName says why name (normalized) must not be looked up at all, with
+// the rule, or ok: a label longer than p's dns max_label_length, or not a
+// host name (letters, digits, hyphens and underscores in 1 to 63 byte
+// labels). Every lookup sends the name upstream, the filter's and the
+// gateway's own for a CONNECT or plain HTTP request alike, so both check
+// it: a CONNECT to "<data>.x.example.com" must not carry more to the
+// zone's name servers than a DNS query for it could.
+func CheckName(p *policy.Policy, name string) (why, rule string, ok bool) {
+	maxLabel := p.DNS.MaxLabelLength
+	if maxLabel <= 0 || maxLabel > policy.DefaultMaxLabelLength {
+		maxLabel = policy.DefaultMaxLabelLength
+	}
+	for _, l := range strings.Split(name, ".") {
+		if len(l) > maxLabel {
+			return fmt.Sprintf("label of %d bytes exceeds %d (data smuggling)", len(l), maxLabel), RuleLabelLength, false
+		}
+	}
+	if err := policy.CheckHostname(name); err != nil {
+		return fmt.Sprintf("name %q is not a host name: %v", name, err), RuleName, false
+	}
+	return "", "", true
 }
 
 // ServeDNS answers one query: decide, look up (cache, rate limit, the
@@ -194,8 +226,8 @@ func (f *Filter) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 	key := cacheKey{rec.Host, q.Qtype}
 	resp, cached := f.cache.get(key, start)
 	if !cached {
-		if !f.lookups.take(start) {
-			refuse(fmt.Sprintf("more than %d lookups per second (burst %d) from this cage", LookupsPerSecond, LookupBurst), "dns-rate-limit")
+		if !f.Lookups.Take(start) {
+			refuse(ErrLookupRate.Error(), RuleRateLimit)
 			return
 		}
 		up, err := f.exchange(rec.Host, q.Qtype, w.LocalAddr().Network())
@@ -212,7 +244,7 @@ func (f *Filter) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 	}
 	// The chain is judged at every reply, cached or not: a ban issued
 	// while the answer is cached applies to the next query.
-	if d, refused := resp.chain.Refused(cfg.Policy.Deny, cfg.Bans); refused {
+	if d, refused := resp.chain.Refused(ChainDeny(cfg.Policy, cfg.Learning, rule), cfg.Bans); refused {
 		refuse(d.Reason, d.Rule)
 		return
 	}
@@ -292,6 +324,7 @@ type answer struct {
 	dropped   []string   // address classes dropped
 	droppedN  int
 	stray     int      // answer records outside the question's chain, dropped
+	offType   int      // answer records of another type than the question's, dropped
 	stripped  []string // SvcParam keys stripped from HTTPS/SVCB records
 	svcbN     int      // HTTPS/SVCB records stripped or dropped
 	truncated bool
@@ -301,7 +334,8 @@ type answer struct {
 // vetAnswer keeps the answer and authority sections (no additional
 // section: nothing the cage needs, and glue for names it may not ask
 // about). From the answer section it keeps only the records of the
-// question's chain (chain.go), drops A/AAAA records pointing at addresses
+// question's chain (chain.go) and of the question's type (or CNAME and
+// DNAME, the chain's own), drops A/AAAA records pointing at addresses
 // the proxy would refuse (the cage cannot use them, and they are the DNS
 // half of a rebinding attack) and strips HTTPS/SVCB records to what a
 // client behind the gateway uses (svcb.go). The authority section keeps
@@ -311,7 +345,16 @@ func vetAnswer(m *dns.Msg, guard *netguard.Guard) *answer {
 	chain, inChain, stray := FollowChain(m.Question[0].Name, m.Answer)
 	a.chain, a.stray = chain, stray
 	kept := []dns.RR{}
+	qtype := m.Question[0].Qtype
 	for _, rr := range inChain {
+		if t := rr.Header().Rrtype; t != qtype && t != dns.TypeCNAME && t != dns.TypeDNAME && qtype != dns.TypeANY {
+			// An answer to an A question carries A records and the
+			// chain: a TXT (or any other) record beside them is an
+			// answer of a type the agent did not ask for, and maybe
+			// one its policy refuses.
+			a.offType++
+			continue
+		}
 		var ip net.IP
 		switch x := rr.(type) {
 		case *dns.A:
@@ -367,6 +410,10 @@ func (a *answer) notes() (notes []string, flag bool) {
 	}
 	if a.stray > 0 {
 		notes = append(notes, fmt.Sprintf("dropped %d answer records for names outside the question's chain", a.stray))
+		flag = true
+	}
+	if a.offType > 0 {
+		notes = append(notes, fmt.Sprintf("dropped %d answer records of types other than the question's", a.offType))
 		flag = true
 	}
 	if len(a.stripped) > 0 {

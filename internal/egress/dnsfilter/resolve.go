@@ -25,6 +25,11 @@ import (
 type Resolver struct {
 	Server  string // host:port
 	Timeout time.Duration
+	// Lookups, when set, is the cage's lookup budget (the DNS filter's):
+	// a name not in the cache takes one lookup or fails with
+	// ErrLookupRate, so names the agent has the gateway resolve are
+	// bounded like the names it asks the filter for.
+	Lookups *Lookups
 
 	mu      sync.Mutex
 	answers map[string]addrEntry
@@ -51,11 +56,17 @@ func (r *Resolver) cached(host string, now time.Time) (addrEntry, bool) {
 	return e, true
 }
 
+// maxCachedAddrs bounds an entry of the Resolver's cache: an upstream can
+// answer with thousands of addresses per name (4096 entries of 8000 would
+// be 800 MB); real names have a few, and a larger answer is looked up
+// again (within the lookup budget) rather than held.
+const maxCachedAddrs = 64
+
 // remember stores an answer for ttl; the map is bounded like the DNS
 // filter's cache (expired entries go first, then arbitrary ones).
 func (r *Resolver) remember(host string, e addrEntry, ttl time.Duration, now time.Time) {
 	ttl = min(ttl, maxCacheTTL)
-	if ttl <= 0 {
+	if ttl <= 0 || len(e.addrs) > maxCachedAddrs {
 		return
 	}
 	r.mu.Lock()
@@ -90,6 +101,9 @@ func (r *Resolver) LookupChain(ctx context.Context, host string) ([]netip.Addr, 
 	now := time.Now()
 	if e, ok := r.cached(host, now); ok {
 		return e.addrs, e.aliases, nil
+	}
+	if r.Lookups != nil && !r.Lookups.Take(now) {
+		return nil, nil, ErrLookupRate
 	}
 	timeout := r.Timeout
 	if timeout == 0 {

@@ -17,10 +17,12 @@
 // the start; and once per backend a cold start (namespace, prepare step,
 // sockets from nothing) with the same stamps.
 //
-// Two more rows explain stages in the same run: the service cages' store
+// More rows explain stages in the same run: the service cages' store
 // bind check against the same unit with the host's tree as its root (what
-// its own root saves), and the nspawn cage with nspawn's own seccomp filter
-// switched off (what that filter costs; a measurement, never a setting).
+// its own root saves), and the nspawn and podman cages as they were before
+// cage-seal's filter replaced the managers' own (nspawn's filter and stub
+// init, podman's profile: what the change saves; measurements, never
+// settings).
 package latency
 
 import (
@@ -67,6 +69,7 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 	fs.SetOutput(out)
 	n := fs.Int("n", 20, "starts per backend")
 	egressBin := fs.String("cage-egress", "", "cage-egress binary (default: build ./cmd/cage-egress)")
+	sandbox := fs.Bool("nspawn-sandbox", false, "also run the nspawn unit without its mount-namespace options, one group at a time")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -102,17 +105,24 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 	if err := writeHostRootCheck(m); err != nil {
 		return err
 	}
-	// What nspawn's own seccomp filter costs per start: the nspawn agent's
-	// unit as rendered, run with nspawn's filter switched off. A
-	// measurement only, never a configuration: that filter also confines
-	// nspawn's stub init, which the cage could otherwise reach.
-	if err := writeNoFilterNspawn(m); err != nil {
-		return err
+	// What the managers' own seccomp filters cost per start: the nspawn
+	// and podman agents' units as they were before cage-seal's replaced them.
+	vs := variants
+	if *sandbox {
+		vs = append(vs, sandboxVariants...)
+	}
+	for _, v := range vs {
+		if err := v.write(m); err != nil {
+			return err
+		}
 	}
 	// systemd unloads an inactive unit nothing refers to, and with it its
 	// stamps: an active target ordered after every unit measured keeps
 	// them loaded (After= pulls nothing in).
-	hold := []string{"bench-base.service", hostRootCheck, noFilterNspawn}
+	hold := []string{"bench-base.service", hostRootCheck}
+	for _, v := range vs {
+		hold = append(hold, v.unit)
+	}
 	for _, b := range backends {
 		hold = append(hold, coldChain(b.backend, b.agent)...)
 	}
@@ -137,8 +147,10 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 	check := paths.Instance(paths.BindsTemplate, "svc")
 	rows = append(rows,
 		&row{name: "bind check, own root", unit: check, chain: []string{check}},
-		&row{name: "bind check, host root", unit: hostRootCheck, chain: []string{hostRootCheck}},
-		&row{name: "nspawn, no own filter", unit: noFilterNspawn, chain: []string{noFilterNspawn}})
+		&row{name: "bind check, host root", unit: hostRootCheck, chain: []string{hostRootCheck}})
+	for _, v := range vs {
+		rows = append(rows, &row{name: v.row, unit: v.unit, chain: []string{v.unit}})
+	}
 	// Warm starts, interleaved round by round so that the load on this
 	// shared machine falls on every backend and the baseline alike.
 	for i := 0; i < *n; i++ {
@@ -276,22 +288,51 @@ func writeHostRootCheck(m *systest.Machine) error {
 	return m.WriteFile("/etc/systemd/system/bench-binds-hostroot@.service", []byte(strings.Join(keep, "\n")), 0o644)
 }
 
-// noFilterNspawn is the nspawn agent's unit with SYSTEMD_SECCOMP=0 for
-// nspawn (systemd's switch for its seccomp use): nspawn then installs no
-// filter of its own, while the unit's filters and cage-seal's stay.
-const noFilterNspawn = "bench-nspawn-nofilter.service"
+// A variant is an agent's unit as rendered with some lines changed, run
+// as a row of its own in the same run: what a stage costs.
+type variant struct {
+	row, unit, agent string
+	edits            [][2]string // each old string must occur once
+}
 
-func writeNoFilterNspawn(m *systest.Machine) error {
-	b, err := m.ReadFile("/etc/systemd/system/" + systest.AgentUnit("nsp"))
+// variants are the managers' own seccomp filters as they were before
+// cage-seal's replaced them (issue 16): nspawn's filter (with its deny of
+// io_uring), its stub init as PID 1 and cage-seal exec'ing the command;
+// podman's default profile.
+var variants = []variant{
+	{"nspawn, as before", "bench-nspawn-before.service", "nsp", [][2]string{
+		{"\nEnvironment=SYSTEMD_SECCOMP=0\n", "\n"},
+		{"\nTemporaryFileSystem=/tmp /var/tmp\nPrivateMounts=yes\n", "\nPrivateTmp=yes\n"},
+		{" --kill-signal=SIGTERM ", ` "--system-call-filter=~io_uring_setup io_uring_enter io_uring_register" --as-pid2 `},
+		{" /etc/nixcage/cage-seal --init -- ", " /etc/nixcage/cage-seal -- "},
+	}},
+	{"podman, as before", "bench-podman-before.service", "pod", [][2]string{{" --security-opt=seccomp=unconfined ", " "}}},
+}
+
+// sandboxVariants (-nspawn-sandbox) take the nspawn unit's own sandbox
+// apart: what its mount-namespace options cost, and PrivateTmp= (as
+// before) against the tmpfs that replaced it.
+var sandboxVariants = []variant{
+	{"nspawn, PrivateTmp=", "bench-nspawn-privtmp.service", "nsp", [][2]string{{"\nTemporaryFileSystem=/tmp /var/tmp\nPrivateMounts=yes\n", "\nPrivateTmp=yes\n"}}},
+	{"nspawn, no private /tmp", "bench-nspawn-notmp.service", "nsp", [][2]string{{"\nTemporaryFileSystem=/tmp /var/tmp\n", "\n"}}},
+	{"nspawn, no ProtectHome=", "bench-nspawn-nohome.service", "nsp", [][2]string{{"\nProtectHome=yes\n", "\n"}}},
+	{"nspawn, no mount options", "bench-nspawn-nomnt.service", "nsp", [][2]string{{"\nTemporaryFileSystem=/tmp /var/tmp\n", "\n"}, {"\nProtectHome=yes\n", "\n"},
+		{"\nProtectKernelModules=yes\n", "\n"}, {"\nProtectKernelLogs=yes\n", "\n"}}},
+}
+
+func (v variant) write(m *systest.Machine) error {
+	b, err := m.ReadFile("/etc/systemd/system/" + systest.AgentUnit(v.agent))
 	if err != nil {
 		return err
 	}
-	u := string(b) // every line as rendered
-	if !strings.Contains(u, "\n[Service]\n") {
-		return fmt.Errorf("%s has no [Service] section", systest.AgentUnit("nsp"))
+	u := string(b) // every other line as rendered
+	for _, r := range v.edits {
+		if strings.Count(u, r[0]) != 1 {
+			return fmt.Errorf("%s: expected %q once", systest.AgentUnit(v.agent), r[0])
+		}
+		u = strings.Replace(u, r[0], r[1], 1)
 	}
-	u = strings.Replace(u, "\n[Service]\n", "\n[Service]\nEnvironment=SYSTEMD_SECCOMP=0\n", 1)
-	return m.WriteFile("/etc/systemd/system/"+noFilterNspawn, []byte(u), 0o644)
+	return m.WriteFile("/etc/systemd/system/"+v.unit, []byte(u), 0o644)
 }
 
 // baseUnit runs the same command with no cage; Type=exec as the agents.

@@ -44,7 +44,7 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 		return serve(ctx, out)
 	}
 	if len(args) == 0 {
-		return errors.New("usage: cage-probe CHECK... | cage-probe serve (checks: id, env,NAME, dial,tcp|udp,ADDR, raw, ping,IP, packet, read,PATH, write,PATH, unix,PATH, dns,NAME, http,URL[,HEADER,VALUE], sleep,DURATION, limit,NAME, cgroup,FILE, socket,FAMILY, iouring,FAMILY, userns,clone|unshare, clone3, setid,SRC,DST, mknod,PATH, mount,PATH, mkdir,PATH, tree,PATH[,DEPTH])")
+		return errors.New("usage: cage-probe CHECK... | cage-probe serve (checks: id, env,NAME, dial,tcp|udp,ADDR, raw, ping,IP, packet, read,PATH, write,PATH, unix,PATH, dns,NAME, http,URL[,HEADER,VALUE], sleep,DURATION, limit,NAME, cgroup,FILE, socket,FAMILY, iouring,FAMILY, userns,clone|unshare, clone3, sys,NAME, ptrace,1|child, vmread,1|child, setid,SRC,DST, mknod,PATH, mount,PATH, mkdir,PATH, tree,PATH[,DEPTH])")
 	}
 	enc := json.NewEncoder(out)
 	for _, a := range args {
@@ -168,6 +168,22 @@ func check(ctx context.Context, spec string) Result {
 		}
 	case "clone3":
 		r.Detail, err = clone3()
+	case "sys":
+		// sys,NAME: keyctl, add_key, request_key, perf_event_open, bpf,
+		// fsopen, setns (kernel.go).
+		if need(1) {
+			err = sysCall(a[0])
+		}
+	case "ptrace":
+		// ptrace,1|child: attach to the cage's PID 1 or a child of the probe.
+		if need(1) {
+			err = ptraceAttach(a[0])
+		}
+	case "vmread":
+		// vmread,1|child: process_vm_readv of that process's memory.
+		if need(1) {
+			r.Detail, err = vmRead(a[0])
+		}
 	case "setid":
 		// setid,SRC,DST: copy SRC to DST, chmod 4755 and 6755, open DST's
 		// directory; succeeds when a setuid or setgid bit stuck.
