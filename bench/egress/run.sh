@@ -225,9 +225,9 @@ if [ -n "${PROFILE:-}" ]; then
   echo; echo "syscalls per operation (strace -c -f; its own overhead slows the gateway, the counts are what matters):"
   awk -v ops="$ops" '$NF ~ /^[a-z_0-9]+$/ && $4 ~ /^[0-9]+$/ && $NF != "total" {printf "  %-14s %8.2f\n", $NF, $4 / ops}' "$W/strace.txt" | sort -k2 -nr | head -16
   echo; echo "perf: cumulative share of the gateway's samples per frame (user space; kernel time is inside the syscall frames):"
-  perf report -i "$W/perf.data" --children --sort sym --stdio -g none 2>/dev/null | grep -E '\[\.\]' | head -45
+  perf report -i "$W/perf.data" --children --sort sym --stdio -g none 2>/dev/null | grep -E '\[\.\]' | head -45 || true  # head closes the pipe early
   echo; echo "perf: self share per symbol, kernel included (time in the kernel's context switch is a thread the gateway put to sleep and woke):"
-  perf report -i "$W/perf.data" --no-children --sort sym --stdio -g none 2>/dev/null | grep -E '\[[.k]\]' | head -12
+  perf report -i "$W/perf.data" --no-children --sort sym --stdio -g none 2>/dev/null | grep -E '\[[.k]\]' | head -12 || true
   exit 0
 fi
 # direct SLOT: the direct figures right before one proxy's, so each ratio
