@@ -331,14 +331,16 @@ if not lat:
     cpu_ic = rows("cpu", True)
     print(f"\nIntercepted requests, {len(loads)} interleaved round(s), 8 keep-alive clients; ratios to a direct run just before each (median over rounds)")
     print(f"load average at the start of each round: {'; '.join(loads)}\n")
-    print("| proxy | intercepted req/s | × direct | CPU per request |")
-    print("|---|---|---|---|")
-    print(f"| direct | {med(ic,'direct','req_per_s'):.0f} | – | – |")
+    print("| proxy | intercepted req/s | × direct | per round | CPU per request | per round |")
+    print("|---|---|---|---|---|---|")
+    print(f"| direct | {med(ic,'direct','req_per_s'):.0f} | – | – | – | – |")
+    d = ic["direct"]
     for name in ic:
         if name == "direct": continue
         v = [c["icpt"] / c["tck"] / ic[name][k]["n"] for k, c in cpu_ic.get(name, {}).items() if k in ic[name] and ic[name][k]["n"]]
+        rr = [ic[name][k]["req_per_s"] / d[k]["req_per_s"] for k in ic[name] if k in d and d[k]["req_per_s"]]
         errs = sum(r["errors"] for r in ic[name].values())
-        print(f"| {name} | {med(ic,name,'req_per_s'):.0f} | {f(ratio(ic,name,'req_per_s'))} | {st.median(v)*1e6:.0f} µs |" + (f" ({errs} errors)" if errs else ""))
+        print(f"| {name} | {med(ic,name,'req_per_s'):.0f} | {f(ratio(ic,name,'req_per_s'))} | {' '.join(f'{x:.2f}' for x in rr)} | {st.median(v)*1e6:.0f} µs | {' '.join(f'{x*1e6:.0f}' for x in v)} |" + (f" ({errs} errors)" if errs else ""))
     print(f"cage-egress audit: {injected} requests with an injected credential")
     sys.exit(0)
 print(f"\nEgress tunnel path, {len(loads)} interleaved round(s), every proxy fresh per round; each ratio to a direct run just before it (median over rounds)")

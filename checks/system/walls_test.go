@@ -73,6 +73,12 @@ func wallChecks(backend string) []string {
 		"tree,/run,4",
 		"tree,/etc,3",
 	}
+	if backend == "service" {
+		// The walls the service cage keeps without ProtectKernelTunables=
+		// and ProtectHome= (render.serviceCageHardening): no kernel
+		// tunables or symbols in its /proc, /sys read-only, no home.
+		c = append(c, "ls,/proc/sys", "read,/proc/kallsyms", "mount,/sys", "ls,/home", "ls,/root")
+	}
 	if backend != "service" {
 		// The cage's PID 1 (nspawn: cage-seal --init; podman: the probe).
 		c = append(c, "ptrace,1", "vmread,1", "read,/proc/1/status")
@@ -259,6 +265,21 @@ func (e *cageEnv) assertWalls(t *testing.T, backend string, got map[string]probe
 		if err == nil && !strings.Contains(out, "euid=65534 egid=65534") {
 			t.Errorf("an unprivileged local user ran the cage's %s and got %s", sb, strings.TrimSpace(out))
 		}
+	}
+
+	if backend == "service" {
+		// ProcSubset=pid leaves only process directories in /proc: what
+		// ProtectKernelTunables= bound read-only or inaccessible there is
+		// not in the cage at all. /sys is read-only (ReadOnlyPaths=; the
+		// booted machine's own /sys is read-only too, so here this holds
+		// either way). The skeleton root has no home directories.
+		refused("ls,/proc/sys", "the kernel's tunables")
+		refused("read,/proc/kallsyms", "the kernel's symbols")
+		if r := res("mount,/sys"); !strings.Contains(","+r.Detail+",", ",ro,") {
+			t.Errorf("the cage's /sys is not read-only: %+v", r)
+		}
+		refused("ls,/home", "the host's home directories")
+		refused("ls,/root", "root's home")
 	}
 
 	// Issue 16 items 1-3: io_uring, AF_VSOCK, user namespaces.

@@ -203,7 +203,7 @@ var help = map[string]helpText{
 		examples: []string{"cagectl shell claude", "cagectl shell claude -- sh -c 'id; ls -la /workspace'"},
 	},
 	"store binds": {
-		long:     "What a cage start binds from the store: every path resolved inside the store, any link out of it refused. Prints SRC:DST lines (service) or nspawn/podman options. Reads only.",
+		long:     "What an nspawn or podman cage start binds from the store: every path resolved inside the store, any link out of it refused. Prints SRC:DST lines (the default) or nspawn/podman options. Reads only. (Service cages resolve the store inside the cage instead: docs/store.md.)",
 		examples: []string{"cagectl store binds", "cagectl store binds --for nspawn"},
 	},
 	"secret rotate": {

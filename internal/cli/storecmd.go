@@ -152,8 +152,9 @@ func runStoreGC(ctx context.Context, env *Env, args []string) error {
 	return nil
 }
 
-// runStoreBinds is what every agent unit runs as it starts (the service
-// backend as ExecStartPre=+, nspawn and podman in their ExecStart= wrapper):
+// runStoreBinds is what nspawn and podman agent units run as they start, in
+// their ExecStart= wrapper (service cages resolve the store inside the
+// cage: render.serviceStoreLinks):
 // it resolves ROOT/nix/store and current/top without following any link out
 // of the store and prints them as the container manager's bind options. A
 // store whose links leave it makes the cage fail to start instead of

@@ -467,7 +467,7 @@ func (d *Daemon) launchRun(ctx context.Context, r *run, agent *config.Agent, sto
 // directory" (found by checks/system).
 func (d *Daemon) holdSlices(ctx context.Context) {
 	d.slicesOnce.Do(func() {
-		for _, tpl := range append(reconcile.AgentUnits("x"), paths.Instance(paths.BindsTemplate, "x"), paths.Instance(paths.TurnTemplate, "x")) {
+		for _, tpl := range append(reconcile.AgentUnits("x"), paths.Instance(paths.TurnTemplate, "x")) {
 			prefix, _, _ := strings.Cut(tpl, "@")
 			slice := "system-" + strings.ReplaceAll(prefix, "-", `\x2d`) + ".slice"
 			if err := d.units.Start(ctx, slice); err != nil {
@@ -788,7 +788,7 @@ func (d *Daemon) teardownRun(ctx context.Context, units reconcile.Units, r *run)
 		d.log.Error("teardown: stop; left for the next caged", "unit", netns, "err", err)
 		return
 	}
-	us := append(reconcile.AgentUnits(r.name), paths.Instance(paths.BindsTemplate, r.name))
+	us := reconcile.AgentUnits(r.name)
 	// Only units systemd still has loaded: asking for one by name would
 	// load it again (the transient agent systemd already forgot, from its
 	// drop-in and the template, logging that its transient file is gone).

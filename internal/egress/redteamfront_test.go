@@ -7,12 +7,14 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nixcage/nixcage/internal/egress/audit"
+	"github.com/nixcage/nixcage/internal/policy"
 )
 
 // A proxy-chaining header is refused whatever its first line says: an
@@ -97,5 +99,79 @@ func TestThreatChainingHeaderBehindEmptyLine(t *testing.T) {
 				h.want(t, is("CONNECT", "plain.example.com", h.up.tlsPort), audit.Blocked, "proxy-chaining")
 			})
 		}
+	}
+}
+
+// Connections that hold the front end without finishing a head (half-open
+// ones that send nothing, and ones stalled inside a 60 KiB header line)
+// are bounded by max_tunnels (one more gets a 503), dropped by the
+// gateway itself at the header deadline, and leave nothing behind: the
+// gateway's goroutines return to their count before, and each connection
+// that sent bytes has its header-timeout record. As the agent: raw TCP to
+// the real gateway's listener.
+func TestFrontEndHeldHeadsLeaveNothing(t *testing.T) {
+	const half, stalled = 40, 40
+	h := newHarness(t, func(rt *policy.Runtime) {
+		rt.Policy.Limits.IdleTimeoutSeconds = 2
+		rt.Policy.Limits.MaxTunnels = half + stalled
+		rt.Policy.Limits.MaxHeaderBytes = 64 << 10
+	})
+	settle := func(want int) int {
+		n := runtime.NumGoroutine()
+		for deadline := time.Now().Add(15 * time.Second); n > want && time.Now().Before(deadline); n = runtime.NumGoroutine() {
+			time.Sleep(50 * time.Millisecond)
+		}
+		return n
+	}
+	time.Sleep(100 * time.Millisecond) // the harness's servers start their goroutines
+	before := runtime.NumGoroutine()
+	var cs []net.Conn
+	for i := 0; i < half+stalled; i++ {
+		c, err := net.Dial("tcp", h.proxyAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if i >= half {
+			io.WriteString(c, "CONNECT plain.example.com:443 HTTP/1.1\r\nX-Pad: "+strings.Repeat("a", 60<<10))
+		}
+		cs = append(cs, c)
+	}
+	// Every slot is held: one more connection is answered 503 at once.
+	over, err := net.Dial("tcp", h.proxyAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer over.Close()
+	over.SetDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(over, "CONNECT plain.example.com:443 HTTP/1.1\r\n\r\n")
+	if resp, err := http.ReadResponse(bufio.NewReader(over), &http.Request{Method: http.MethodConnect}); err != nil || resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("connection over max_tunnels: %v %v, want 503", resp, err)
+	}
+	for i, c := range cs {
+		c.SetReadDeadline(time.Now().Add(20 * time.Second))
+		if b, err := io.ReadAll(c); err != nil || len(b) != 0 {
+			t.Fatalf("held connection %d: read %q, %v; want the gateway to close it without an answer", i, b, err)
+		}
+	}
+	// A little slack: the fake DNS and upstream servers share the process.
+	if after := settle(before + 2); after > before+2 {
+		t.Fatalf("goroutines: %d before, %d after every held connection was dropped", before, after)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n := 0
+		for _, r := range h.records(t) {
+			if r.Rule == "header-timeout" && r.Decision == audit.Blocked && r.BytesOut > 60<<10 {
+				n++
+			}
+		}
+		if n == stalled {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d header-timeout records for %d stalled heads:\n%s", n, stalled, h.dump())
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -35,7 +35,12 @@ const (
 	CageDNSAddr    = "127.0.0.1:53"
 	CageStoreMount = "/nix/store"
 	CageTools      = "/nix/tools"
-	CageWorkspace  = "/workspace"
+	// CageStoreRoot is where a service cage sees the whole store root
+	// (read-only): its /nix/store and /nix/tools are symlinks into it in
+	// the skeleton, so every link on the way resolves inside the cage
+	// (docs/store.md, "Bind sources never leave the store").
+	CageStoreRoot = "/nix/.nixcage"
+	CageWorkspace = "/workspace"
 	// CageSeal is where nspawn and podman cages see cage-seal, the program
 	// that seals the cage from inside before it execs the agent.
 	CageSeal = "/etc/nixcage/cage-seal"
@@ -65,7 +70,6 @@ const (
 	TargetUnit     = "nixcage.target"
 	NetnsTemplate  = "nixcage-netns@.service"
 	PrepTemplate   = "nixcage-prep@.service"
-	BindsTemplate  = "nixcage-binds@.service"
 	ProxySocketTpl = "cage-egress@.socket"
 	DNSSocketTpl   = "cage-egress-dns@.socket"
 	EgressTemplate = "cage-egress@.service"
@@ -142,11 +146,6 @@ func EgressState(agent string) string { return filepath.Join(EgressStateRoot, ag
 // It sits one level down so that no agent name can collide with caged's own
 // files in RuntimeRoot.
 func Runtime(agent string) string { return filepath.Join(RuntimeRoot, "cage", agent) }
-
-// BindCheckRoot is the root directory the service cage's store bind check
-// runs in: an empty directory systemd makes for each start (the unit's
-// RuntimeDirectory=) and removes after it.
-func BindCheckRoot(agent string) string { return filepath.Join(RuntimeRoot, "binds", agent) }
 
 // GrantsFile holds an agent's time-bound grants: written by caged (root),
 // read by its gateway, in the runtime directory only root can write.

@@ -133,11 +133,6 @@ func (r *renderer) agent(a *config.Agent) error {
 		paths.Instance(paths.ProxySocketTpl, a.Name),
 		paths.Instance(paths.DNSSocketTpl, a.Name),
 	)
-	if a.Backend == config.BackendService {
-		// systemd binds the store itself: check first (see templates).
-		// nspawn and podman resolve their binds in their own wrapper.
-		depUnits = append(depUnits, paths.Instance(paths.BindsTemplate, a.Name))
-	}
 	deps := strings.Join(depUnits, " ")
 	desc := fmt.Sprintf("nixcage agent %s (%s backend)", a.Name, a.Backend)
 	if r.run != nil {
@@ -247,27 +242,37 @@ func harnessFiles(a *config.Agent) []harnessFile {
 	return out
 }
 
-// cageBinds are (source, destination, optional) read-only mounts.
-func (r *renderer) cageBinds(a *config.Agent) [][3]string {
+// cageBinds are (source, destination) read-only mounts every backend makes;
+// the store's are each backend's own (serviceStoreLinks, withStoreBinds).
+func (r *renderer) cageBinds(a *config.Agent) [][2]string {
 	state := paths.EgressState(a.Name)
-	store := r.storeRoot()
-	var files [][3]string
+	var files [][2]string
 	for _, f := range harnessFiles(a) {
-		files = append(files, [3]string{filepath.Join(r.o.Prefix, paths.ConfigDir("/", a.Name), f.rel), f.cage, ""})
+		files = append(files, [2]string{filepath.Join(r.o.Prefix, paths.ConfigDir("/", a.Name), f.rel), f.cage})
 	}
-	return append(files, [][3]string{
-		{filepath.Join(paths.Runtime(a.Name), "resolv.conf"), "/etc/resolv.conf", ""},
-		{filepath.Join(state, paths.CACertFile), paths.CageCACert, ""},
-		{filepath.Join(state, paths.CABundleFile), cageBundle, ""},
-		// The shared store and the current tool generation; absent until
-		// the first release is applied.
-		{filepath.Join(store, "nix/store"), paths.CageStoreMount, "-"},
-		// current/top is a relative symlink into the store, resolved on the
-		// host when the cage starts: a switch of current never changes a
-		// running cage's tools under it, a restart picks the new ones up.
-		{filepath.Join(store, "current", "top"), paths.CageTools, "-"},
+	return append(files, [][2]string{
+		{filepath.Join(paths.Runtime(a.Name), "resolv.conf"), "/etc/resolv.conf"},
+		{filepath.Join(state, paths.CACertFile), paths.CageCACert},
+		{filepath.Join(state, paths.CABundleFile), cageBundle},
 	}...)
 }
+
+// serviceStoreLinks are the service skeleton's /nix/store and /nix/tools:
+// relative symlinks into the store root, which the service cage gets as
+// one read-only bind at paths.CageStoreRoot (serviceBackend). Every link
+// on the way (current, top, the store path itself, nix/store) is then
+// resolved by the kernel inside the cage's own root, at each lookup: a
+// store changed behind apply's back can point them only at what the cage
+// already sees, never at a host path, so no check has to run before a
+// start (docs/store.md, "Bind sources never leave the store"). nspawn and
+// podman bind the resolved paths instead (withStoreBinds).
+var serviceStoreLinks = func() [][2]string {
+	rel, _ := filepath.Rel(filepath.Dir(paths.CageStoreRoot), paths.CageStoreRoot)
+	return [][2]string{
+		{paths.CageStoreMount, filepath.Join(rel, "nix/store")},
+		{paths.CageTools, filepath.Join(rel, "current/top")},
+	}
+}()
 
 func stateDir(ws string) string { return strings.TrimPrefix(ws, "/var/lib/") }
 
@@ -327,8 +332,13 @@ func (r *renderer) serviceBackend(a *config.Agent) section {
 		"BindReadOnlyPaths", "/usr",
 	)
 	for _, b := range r.cageBinds(a) {
-		s.add("BindReadOnlyPaths", b[2]+b[0]+":"+b[1])
+		s.add("BindReadOnlyPaths", b[0]+":"+b[1])
 	}
+	// The store root, the only host path of the store systemd resolves:
+	// it is the configuration's, not the store's (serviceStoreLinks). "-":
+	// absent until caged or the first apply makes it; the cage then has
+	// no tools.
+	s.add("BindReadOnlyPaths", "-"+r.storeRoot()+":"+paths.CageStoreRoot)
 	if r.run == nil {
 		s.add("BindPaths", a.Workspace+":"+paths.CageWorkspace)
 	} else {
@@ -344,7 +354,7 @@ func (r *renderer) serviceBackend(a *config.Agent) section {
 	// or gets it (the run's stdio) before the namespace is made, so it is
 	// an fd, not a path; only ttyname() fails (docs/threat-model.md).
 	s.add("TemporaryFileSystem", "/dev/pts:ro")
-	s.add(baseHardening()...)
+	s.add(serviceCageHardening()...)
 	s.add(
 		"PrivateUsers", "yes",
 		"PrivateIPC", "yes",
@@ -365,6 +375,35 @@ func (r *renderer) serviceBackend(a *config.Agent) section {
 		"MemoryDenyWriteExecute", "no",
 	)
 	return s
+}
+
+// serviceCageHardening is baseHardening for the service cage, with the two
+// options whose every mount is moot in the cage's skeleton root replaced by
+// what holds the same walls at a fraction of the cost. systemd 252 re-reads
+// the whole mount table for each mount entry it sets up, and again in its
+// read-only and no-exec passes, and these two added 14 of the 62 mount()
+// calls and 47 of the 112 mount-table parses of a cage start (strace of
+// PID 1; docs/performance.md, "Cage start latency"):
+//   - ProtectKernelTunables=: read-only binds of ~15 /proc paths
+//     (/proc/sys, /proc/sysrq-trigger, /proc/kcore, ...) which ProcSubset=pid
+//     already leaves out of the cage's /proc (it shows process directories
+//     only), and of /sys, which one ReadOnlyPaths=/sys holds instead
+//     (recursively: /sys/kernel/debug, /sys/fs/bpf with it);
+//   - ProtectHome=: /home, /root and /run/user made inaccessible, none of
+//     which the root-owned skeleton has (and DynamicUser= still implies
+//     ProtectHome=read-only).
+//
+// checks/system TestCageWalls asserts both walls as the caged agent; the
+// exposure score stays within its target (render.TestSecurityScores).
+func serviceCageHardening() []string {
+	var kv []string
+	h := baseHardening()
+	for i := 0; i+1 < len(h); i += 2 {
+		if h[i] != "ProtectKernelTunables" && h[i] != "ProtectHome" {
+			kv = append(kv, h[i], h[i+1])
+		}
+	}
+	return append(kv, "ReadOnlyPaths", "/sys")
 }
 
 // nspawnBackend runs the agent in systemd-nspawn with a private user range,
@@ -410,9 +449,7 @@ func (r *renderer) nspawnBackend(a *config.Agent) section {
 		argv = append(argv, r.run.nspawnArgs()...)
 	}
 	for _, b := range r.cageBinds(a) {
-		if b[2] == "" {
-			argv = append(argv, "--bind-ro="+b[0]+":"+b[1])
-		}
+		argv = append(argv, "--bind-ro="+b[0]+":"+b[1])
 	}
 	for _, kv := range cageEnv(a) {
 		argv = append(argv, "--setenv="+kv[0]+"="+kv[1])
@@ -576,9 +613,7 @@ func (r *renderer) podmanBackend(a *config.Agent) section {
 		argv = append([]string{"--interactive"}, argv...)
 	}
 	for _, b := range r.cageBinds(a) {
-		if b[2] == "" {
-			argv = append(argv, "--volume="+b[0]+":"+b[1]+":ro")
-		}
+		argv = append(argv, "--volume="+b[0]+":"+b[1]+":ro")
 	}
 	for _, kv := range cageEnv(a) {
 		argv = append(argv, "--env="+kv[0]+"="+kv[1])

@@ -181,8 +181,6 @@ var ScoreTargets = map[string]float64{
 	"nixcage-agent@alice.service": 1.0, // service backend: SAFE
 	"cage-egress@alice.service":   1.5,
 	"nixcage-prep@alice.service":  1.0,
-	// The store bind check runs at every service-cage start, as root.
-	"nixcage-binds@alice.service": 1.0,
 	"nixcage-caged.service":       2.5,
 	"cage-relay.service":          1.5, // the chat relay: scored like the gateway
 	// nspawn and podman run the container manager as root; the cage's own

@@ -174,8 +174,6 @@ func RenderThrowaway(a *config.Agent, store *config.Store, o Options, t Throwawa
 		switch {
 		case f.Path == paths.PodmanConf:
 			continue
-		case f.Path == filepath.Join("systemd/system", paths.BindsTemplate) && a.Backend != config.BackendService:
-			continue // nspawn checks the store binds in its own wrapper
 		case f.Path == agentUnit && t.Transient:
 			f.Path = "run/" + agentUnit + ".d/50-cage.conf"
 		case strings.HasPrefix(f.Path, "systemd/system/"):

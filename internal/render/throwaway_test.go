@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/nixcage/nixcage/internal/config"
+	"github.com/nixcage/nixcage/internal/paths"
 )
 
 // throwawayAgent is a run's agent as caged validates it.
@@ -80,7 +81,10 @@ func TestThrowawayGolden(t *testing.T) {
 					}
 				}
 			} else {
-				for _, want := range []string{"BindPaths=/home/alice/project:/workspace", "BindReadOnlyPaths=/srv/data:/mnt/data", "DynamicUser=yes", "ProtectHome=yes"} {
+				for _, want := range []string{"BindPaths=/home/alice/project:/workspace", "BindReadOnlyPaths=/srv/data:/mnt/data", "DynamicUser=yes",
+					// The skeleton root is what hides the rest of /home (no
+					// /home in it; serviceCageHardening).
+					"RootDirectory=" + paths.CageRootfs} {
 					if !strings.Contains(agent, want) {
 						t.Errorf("service drop-in lacks %s", want)
 					}

@@ -5,6 +5,7 @@ import (
 	"encoding/xml"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/nixcage/nixcage/internal/config"
@@ -243,38 +244,6 @@ func (r *renderer) templates() {
 		)
 	}
 
-	// Run again at every start of a service-backend agent (a oneshot that
-	// does not remain active is restarted by each Requires=): systemd binds
-	// the store sources itself and follows links on the host, so this
-	// refuses the start when a link leads out of the store. Not an
-	// ExecStartPre=+ of the agent: "+" lifts the sandbox but not
-	// RootDirectory=, and in the skeleton root the store is not there to
-	// check (found by checks/system). It runs in a root of its own
-	// (bindCheckRoot) with the store in it.
-	binds := sec("Service",
-		"Type", "oneshot",
-		"ExecStart", quoteCmd([]string{r.bin("cagectl"), "store", "binds", "--store", r.storeRoot(), "--for", "service"}),
-	)
-	binds.add(r.bindCheckRoot()...)
-	binds.add(baseHardening()...)
-	binds.add(offlineHelper()...)
-	r.unit(paths.BindsTemplate,
-		sec("Unit",
-			"Description", "nixcage store bind check for cage %i (no link out of the store)",
-			"DefaultDependencies", "no",
-			"Conflicts", "shutdown.target",
-			"Before", "shutdown.target",
-			"After", "local-fs.target",
-			// It runs at every start of the agent and of each turn (its
-			// Requires=): systemd's default start limit (5 in 10 s) made
-			// the sixth quick chat turn fail "dependency", and the agent's
-			// own start with it (red team). The agent's unit has its own
-			// limit and turns run one at a time; the check is no loop.
-			"StartLimitIntervalSec", "0",
-		),
-		binds,
-	)
-
 	netnsUnit := paths.Instance(paths.NetnsTemplate, "%i")
 	deps := strings.Join(append([]string{netnsUnit}, r.prepUnit("%i")...), " ")
 	socketUnit := func(desc string) section {
@@ -444,9 +413,9 @@ func (r *renderer) tmpfiles() {
 	// Every mount target a cage needs exists in the skeleton beforehand:
 	// systemd could create them, but podman's container root (a mapped
 	// uid) cannot write to a root-owned directory.
-	skeleton(&b, paths.CageRootfs)
+	skeleton(&b, paths.CageRootfs, serviceStoreLinks)
 	if r.run == nil { // throw-away cages are never podman cages
-		skeleton(&b, paths.PodmanRootfs, paths.CageSeal)
+		skeleton(&b, paths.PodmanRootfs, nil, paths.CageSeal)
 	}
 	r.add(paths.TmpfilesConf, 0o644, []byte(b.String()))
 	// podman's default sysctls (net.ipv4.ping_group_range) cannot be set in
@@ -459,12 +428,26 @@ func (r *renderer) tmpfiles() {
 		"[containers]\ndefault_sysctls = []\nlog_driver = \"passthrough\"\n\n[engine]\nevents_logger = \"none\"\n"))
 }
 
-func skeleton(b *strings.Builder, root string, files ...string) {
-	for _, d := range []string{"", "/usr", "/etc", "/etc/nixcage", "/nix", "/nix/store", "/nix/tools", "/workspace", "/mnt", "/tmp", "/proc", "/sys", "/dev", "/run", "/var", "/var/tmp"} {
+// skeleton writes the tmpfiles lines of a skeleton root. With storeLinks,
+// /nix/store and /nix/tools are those symlinks and the store root's mount
+// point is made instead (the service cages); without, they are mount
+// points for binds the container manager resolves (podman).
+func skeleton(b *strings.Builder, root string, storeLinks [][2]string, files ...string) {
+	dirs := []string{"", "/usr", "/etc", "/etc/nixcage", "/nix", "/nix/store", "/nix/tools", "/workspace", "/mnt", "/tmp", "/proc", "/sys", "/dev", "/run", "/var", "/var/tmp"}
+	if storeLinks != nil {
+		dirs = slices.DeleteFunc(dirs, func(d string) bool { return d == paths.CageStoreMount || d == paths.CageTools })
+		dirs = slices.Insert(dirs, slices.Index(dirs, "/nix")+1, paths.CageStoreRoot)
+	}
+	for _, d := range dirs {
 		fmt.Fprintf(b, "d %s%s 0755 root root -\n", root, d)
 	}
 	for _, l := range []string{"bin", "sbin", "lib", "lib64"} {
 		fmt.Fprintf(b, "L %s/%s - - - - usr/%s\n", root, l, l)
+	}
+	// "L+": an older skeleton has empty directories there (the mount
+	// points of the binds these links replace); tmpfiles replaces them.
+	for _, l := range storeLinks {
+		fmt.Fprintf(b, "L+ %s%s - - - - %s\n", root, l[0], l[1])
 	}
 	for _, f := range append([]string{"/etc/resolv.conf", "/etc/hostname", "/etc/hosts", paths.CageCACert, cageBundle, "/run/.containerenv"}, files...) {
 		fmt.Fprintf(b, "f %s%s 0644 root root -\n", root, f)
@@ -491,48 +474,10 @@ func marshal(v any) ([]byte, error) {
 	return append(b, '\n'), nil
 }
 
-// bindCheckRoot gives the store bind check a root of its own: an empty
-// directory systemd makes for the start (RuntimeDirectory=, under /run, gone
-// when the check ends) with only the programs (/usr, and the bindir or the
-// host's /nix/store where nixcage lives elsewhere) and the store root bound
-// read-only at their host paths; systemd adds /proc, /dev, /tmp for the
-// hardening options. The check reads only the store, so it loses nothing;
-// it no longer sees the host's /etc, /var or /home at all, and its refusals
-// still name the host path. It is also cheaper: systemd 252 re-reads the
-// mount table for each read-only mount it sets up, and with the host's
-// whole tree as the root the check's start took 13-25% longer, every
-// hardening option kept (docs/performance.md, "Cage start latency").
-// The root is made per start rather than being the skeleton, which the
-// prepare step makes in parallel and which does not exist yet at an
-// agent's first start in render mode (found by checks/system). cagectl must
-// be static there (as README builds it; cage-seal must be anyway): the root
-// has no /lib.
-func (r *renderer) bindCheckRoot() []string {
-	root := paths.BindCheckRoot("%i")
-	kv := []string{
-		"RuntimeDirectory", strings.TrimPrefix(root, "/run/"),
-		"RootDirectory", root,
-		"BindReadOnlyPaths", "/usr",
-	}
-	for _, p := range []string{r.o.BinDir, r.storeRoot()} {
-		if p == "/usr" || strings.HasPrefix(p, "/usr/") {
-			continue
-		}
-		switch {
-		case p == r.storeRoot():
-			p = "-" + p // no store yet: the check passes, as on the host
-		case strings.HasPrefix(p, "/nix/store/"):
-			p = "/nix/store" // a Nix build's programs and their libraries
-		}
-		kv = append(kv, "BindReadOnlyPaths", p)
-	}
-	return kv
-}
-
 // join renders a command line of nixcage's own words, which may carry
 // specifiers such as %i on purpose.
 // offlineHelper confines a helper that needs no network, no capability and
-// no device: the prepare step and the store bind check.
+// no device: the prepare step.
 func offlineHelper() []string {
 	return []string{
 		"PrivateNetwork", "yes",

@@ -148,8 +148,16 @@ func Open(opts Options) (*Store, error) {
 		}
 		return s, nil
 	}
+	// 0755 whatever the umask (caged runs with 0077): a service cage
+	// walks from the store root to its tools inside the cage, as its own
+	// unprivileged user (docs/store.md, "Bind sources never leave the
+	// store"); what it must not read is closed by its own mode (lock,
+	// tmp-*).
 	for _, d := range []string{root, filepath.Join(root, "nix"), s.storeDir(), filepath.Join(root, genDir)} {
 		if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+			return nil, fmt.Errorf("create store layout: %w", err)
+		}
+		if err := os.Chmod(d, 0o755); err != nil {
 			return nil, fmt.Errorf("create store layout: %w", err)
 		}
 	}

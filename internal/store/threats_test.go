@@ -623,3 +623,32 @@ func testTamperedTop(t *testing.T, s *Store, root string) {
 		})
 	}
 }
+
+// A service cage walks from the store root to its tools as its own
+// unprivileged user (docs/store.md): the layout's directories are 0755
+// even when the store was made under caged's umask 0077, and the lock and
+// apply's work in progress stay closed to it.
+func TestLayoutTraversableByCages(t *testing.T) {
+	f := getFixture(t)
+	root := filepath.Join(t.TempDir(), "root")
+	for _, d := range []string{"", "nix", "nix/store", "generations"} {
+		must(t, os.MkdirAll(filepath.Join(root, d), 0o700))
+		must(t, os.Chmod(filepath.Join(root, d), 0o700)) // as made under umask 0077
+	}
+	s := f.open(t, root, nil)
+	if _, err := applyDir(t, s, f.relA); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{"", "nix", "nix/store", "generations", "generations/1"} {
+		fi, err := os.Stat(filepath.Join(root, d))
+		must(t, err)
+		if fi.Mode().Perm() != 0o755 {
+			t.Errorf("%s/%s has mode %o, want 755", root, d, fi.Mode().Perm())
+		}
+	}
+	fi, err := os.Stat(filepath.Join(root, lockFile))
+	must(t, err)
+	if fi.Mode().Perm()&0o077 != 0 {
+		t.Errorf("the store's lock has mode %o: a cage could take it", fi.Mode().Perm())
+	}
+}

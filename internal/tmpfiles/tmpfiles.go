@@ -2,7 +2,7 @@
 // `systemd-tmpfiles --create` would: caged prepares a throw-away cage in its
 // own process instead of through a unit that runs systemd-tmpfiles
 // (docs/run.md, "Units"). Only the line types the renderer writes are
-// understood — d, f and L, owned by root or a numeric id, no age, no
+// understood — d, f, L and L+, owned by root or a numeric id, no age, no
 // argument but a link's target — and any other line is an error, so a
 // renderer that starts writing something else fails the run instead of
 // being half applied.
@@ -23,7 +23,9 @@ import (
 // Apply creates what rules (a tmpfiles.d file's text) declare under root
 // ("/" or "" for the host): a missing directory or file is made with its
 // mode and owner, an existing one gets them; a missing link is made, an
-// existing path is left as it is. Nothing is followed through a symlink.
+// existing path is left as it is ("L") or replaced by the link ("L+", if it
+// is a file, a link or an empty directory). Nothing is followed through a
+// symlink.
 func Apply(root string, rules []byte) error {
 	sc := bufio.NewScanner(bytes.NewReader(rules))
 	for n := 1; sc.Scan(); n++ {
@@ -48,12 +50,23 @@ func apply(root, line string) error {
 		return err
 	}
 	switch f[0] {
-	case "L":
+	case "L", "L+":
 		if len(f) != 7 || f[2] != "-" || f[3] != "-" || f[4] != "-" || f[5] != "-" {
-			return errors.New("want L PATH - - - - TARGET")
+			return fmt.Errorf("want %s PATH - - - - TARGET", f[0])
 		}
 		if _, err := os.Lstat(p); err == nil {
-			return nil
+			if f[0] == "L" {
+				return nil
+			}
+			if cur, err := os.Readlink(p); err == nil && cur == f[6] {
+				return nil
+			}
+			// "L+" replaces what is there: an older skeleton's mount point
+			// (an empty directory) or another link. systemd-tmpfiles would
+			// remove a full directory too; nixcage's never is, so refuse.
+			if err := os.Remove(p); err != nil {
+				return fmt.Errorf("replace with a link: %w", err)
+			}
 		}
 		return os.Symlink(f[6], p)
 	case "d", "f":

@@ -44,6 +44,9 @@ func TestApplyMatchesSystemdTmpfiles(t *testing.T) {
 			if got := tree(t, ours); got != want {
 				t.Fatalf("Apply made\n%s\nsystemd-tmpfiles made\n%s", got, want)
 			}
+			if !strings.Contains(want, "var/lib/nixcage/rootfs/nix/tools L .nixcage/current/top") {
+				t.Fatalf("the skeleton's store links are not links:\n%s", want)
+			}
 			if !strings.Contains(want, "var/lib/nixcage/rootfs/bin L usr/bin") || !strings.Contains(want, "var/lib/nixcage/rootfs/etc/resolv.conf f 644 0:0") {
 				t.Fatalf("the comparison saw no skeleton:\n%s", want)
 			}
@@ -53,6 +56,12 @@ func TestApplyMatchesSystemdTmpfiles(t *testing.T) {
 				os.Chown(filepath.Join(root, "var/lib/nixcage/rootfs/etc/hosts"), 1234, 1234)
 				os.Remove(filepath.Join(root, "var/lib/nixcage/rootfs/sbin"))
 				os.Symlink("elsewhere", filepath.Join(root, "var/lib/nixcage/rootfs/sbin"))
+				// The skeleton of an older install: mount points where the
+				// store's links now are ("L+").
+				for _, d := range []string{"nix/store", "nix/tools"} {
+					os.Remove(filepath.Join(root, "var/lib/nixcage/rootfs", d))
+					os.Mkdir(filepath.Join(root, "var/lib/nixcage/rootfs", d), 0o755)
+				}
 			}
 			apply()
 			want = tree(t, theirs)

@@ -17,12 +17,13 @@
 // the start; and once per backend a cold start (namespace, prepare step,
 // sockets from nothing) with the same stamps.
 //
-// More rows explain stages in the same run: the service cages' store
-// bind check against the same unit with the host's tree as its root (what
-// its own root saves), and the nspawn and podman cages as they were before
-// cage-seal's filter replaced the managers' own (nspawn's filter and stub
-// init, podman's profile: what the change saves; measurements, never
-// settings).
+// More rows explain stages in the same run: the service cage's unit with
+// nothing of nixcage around it (its walls alone: the floor a service cage
+// cannot go below with these walls), the same unit with the two hardening
+// options the service cage no longer sets (what replacing them saved), and
+// the nspawn and podman cages as they were before cage-seal's filter
+// replaced the managers' own (nspawn's filter and stub init, podman's
+// profile: what the change saves; measurements, never settings).
 package latency
 
 import (
@@ -31,6 +32,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
 	"sort"
 	"strconv"
@@ -70,6 +72,7 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 	n := fs.Int("n", 20, "starts per backend")
 	egressBin := fs.String("cage-egress", "", "cage-egress binary (default: build ./cmd/cage-egress)")
 	sandbox := fs.Bool("nspawn-sandbox", false, "also run the nspawn unit without its mount-namespace options, one group at a time")
+	withGroups := fs.Bool("groups", false, "also profile the service cage's sandbox option by option (groups.go)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -99,10 +102,9 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 	if err := m.WriteFile("/etc/systemd/system/bench-base.service", []byte(baseUnit), 0o644); err != nil {
 		return err
 	}
-	// The service cage's store bind check, against the same unit with the
-	// host's whole tree as its root (the unit as it was before it got a
-	// root of its own): what that root buys, in the same run.
-	if err := writeHostRootCheck(m); err != nil {
+	// The service cage's own unit without the units around it, and with
+	// the options it dropped (render.serviceCageHardening).
+	if err := writeServiceVariants(m); err != nil {
 		return err
 	}
 	// What the managers' own seccomp filters cost per start: the nspawn
@@ -116,45 +118,38 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 			return err
 		}
 	}
-	// systemd unloads an inactive unit nothing refers to, and with it its
-	// stamps: an active target ordered after every unit measured keeps
-	// them loaded (After= pulls nothing in).
-	hold := []string{"bench-base.service", hostRootCheck}
+	hold := []string{"bench-base.service", wallsAlone, wallsBefore}
 	for _, v := range vs {
 		hold = append(hold, v.unit)
 	}
 	for _, b := range backends {
 		hold = append(hold, coldChain(b.backend, b.agent)...)
 	}
-	if err := m.WriteFile("/etc/systemd/system/bench-hold.target", []byte("[Unit]\nDescription=keeps the measured units loaded\nAfter="+strings.Join(hold, " ")+"\n"), 0o644); err != nil {
-		return err
-	}
-	if _, err := m.Run(ctx, "systemctl", "daemon-reload"); err != nil {
-		return err
-	}
-	if _, err := m.Run(ctx, "systemctl", "start", "bench-hold.target"); err != nil {
+	if err := holdLoaded(ctx, m, "bench-hold.target", hold); err != nil {
 		return err
 	}
 	rows := []*row{{name: "no cage (plain unit)", unit: "bench-base.service", chain: []string{"bench-base.service"}}}
 	for _, b := range backends {
-		r := &row{name: b.backend, agent: b.agent, unit: systest.AgentUnit(b.agent), chain: perStart(b.backend, b.agent)}
+		r := &row{name: b.backend, agent: b.agent, unit: systest.AgentUnit(b.agent), chain: perStart(b.agent)}
 		// The cold start, once: namespace, prepare step, sockets, mount and
 		// every per-start step, from nothing. A failing backend is
 		// reported, not fatal.
 		r.cold, r.err = coldStart(ctx, m, b.backend, b.agent)
 		rows = append(rows, r)
 	}
-	check := paths.Instance(paths.BindsTemplate, "svc")
 	rows = append(rows,
-		&row{name: "bind check, own root", unit: check, chain: []string{check}},
-		&row{name: "bind check, host root", unit: hostRootCheck, chain: []string{hostRootCheck}})
+		&row{name: "service walls alone", unit: wallsAlone, chain: []string{wallsAlone}},
+		&row{name: "service, old hardening", unit: wallsBefore, chain: []string{wallsBefore}})
 	for _, v := range vs {
 		rows = append(rows, &row{name: v.row, unit: v.unit, chain: []string{v.unit}})
 	}
+	loadStart, _ := m.ReadFile("/proc/loadavg")
 	// Warm starts, interleaved round by round so that the load on this
 	// shared machine falls on every backend and the baseline alike.
 	for i := 0; i < *n; i++ {
-		for _, r := range rows {
+		// In a new order each round (see runGroups).
+		for _, j := range rand.New(rand.NewPCG(2, uint64(i))).Perm(len(rows)) {
+			r := rows[j]
 			if r.err != nil {
 				continue
 			}
@@ -166,7 +161,7 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 	// What the nspawn and podman wrappers run before their manager: the
 	// store bind resolution, timed alone in the machine.
 	bindsAlone := map[string]time.Duration{}
-	for _, b := range []string{"service", "nspawn", "podman"} {
+	for _, b := range []string{"nspawn", "podman"} {
 		var ds []time.Duration
 		for i := 0; i < *n; i++ {
 			d, err := timeInMachine(ctx, m, "/usr/local/bin/cagectl store binds --store /var/lib/nixcage/store --for "+b+" >/dev/null")
@@ -178,8 +173,29 @@ func Run(ctx context.Context, args []string, out io.Writer) error {
 		bindsAlone[b] = median(ds)
 	}
 	load, _ := m.ReadFile("/proc/loadavg")
-	report(out, *n, rows, bindsAlone, strings.TrimSpace(string(load)))
+	report(out, *n, rows, bindsAlone, strings.TrimSpace(string(loadStart)), strings.TrimSpace(string(load)))
+	if *withGroups {
+		if err := runGroups(ctx, m, *n, out); err != nil {
+			return err
+		}
+		load, _ = m.ReadFile("/proc/loadavg")
+		fmt.Fprintf(out, "load average at the end: %s\n", strings.TrimSpace(string(load)))
+	}
 	return nil
+}
+
+// holdLoaded loads the unit files written and starts target, an active
+// target ordered after units (After= pulls nothing in): systemd unloads an
+// inactive unit nothing refers to, and with it its stamps.
+func holdLoaded(ctx context.Context, m *systest.Machine, target string, units []string) error {
+	if err := m.WriteFile("/etc/systemd/system/"+target, []byte("[Unit]\nDescription=keeps the measured units loaded\nAfter="+strings.Join(units, " ")+"\n"), 0o644); err != nil {
+		return err
+	}
+	if _, err := m.Run(ctx, "systemctl", "daemon-reload"); err != nil {
+		return err
+	}
+	_, err := m.Run(ctx, "systemctl", "start", target)
+	return err
 }
 
 var backends = []struct{ backend, agent string }{{"service", "svc"}, {"nspawn", "nsp"}, {"podman", "pod"}}
@@ -205,13 +221,10 @@ type event struct {
 }
 
 // perStart names the units a warm start runs (the gateway side, namespace
-// and mount stay active between starts), in the order systemd runs them.
-func perStart(backend, agent string) []string {
-	var u []string
-	if backend == "service" {
-		u = append(u, paths.Instance(paths.BindsTemplate, agent))
-	}
-	return append(u, systest.AgentUnit(agent))
+// and mount stay active between starts), in the order systemd runs them:
+// the agent's alone, for every backend.
+func perStart(agent string) []string {
+	return []string{systest.AgentUnit(agent)}
 }
 
 // coldChain is every unit of an agent's start from nothing.
@@ -221,7 +234,7 @@ func coldChain(backend, agent string) []string {
 	if backend != "service" {
 		u = append(u, mountUnit(agent))
 	}
-	return append(u, perStart(backend, agent)...)
+	return append(u, perStart(agent)...)
 }
 
 func mountUnit(agent string) string {
@@ -266,26 +279,46 @@ var stampName = map[string]string{
 	"InactiveEnterTimestampMonotonic": "inactive",
 }
 
-// hostRootCheck is the service cages' store bind check as rendered, minus
-// the lines that give it a root of its own (RuntimeDirectory=,
-// RootDirectory= and its binds): the check with the host's tree as its root.
-const hostRootCheck = "bench-binds-hostroot@svc.service"
+// wallsAlone is the service agent's unit as rendered with its [Unit]
+// section dropped: the same sandbox (its namespace joined, its binds, its
+// user, its filters), nothing of nixcage started around it. wallsBefore is
+// that unit with the hardening the service cage had before
+// render.serviceCageHardening.
+const (
+	wallsAlone  = "bench-svc-walls.service"
+	wallsBefore = "bench-svc-oldhardening.service"
+)
 
-func writeHostRootCheck(m *systest.Machine) error {
-	b, err := m.ReadFile("/etc/systemd/system/" + paths.BindsTemplate)
+func writeServiceVariants(m *systest.Machine) error {
+	name := systest.AgentUnit("svc")
+	b, err := m.ReadFile("/etc/systemd/system/" + name)
 	if err != nil {
 		return err
 	}
-	var keep []string
-	for _, l := range strings.Split(string(b), "\n") {
-		if !strings.HasPrefix(l, "RuntimeDirectory=") && !strings.HasPrefix(l, "RootDirectory=") && !strings.HasPrefix(l, "BindReadOnlyPaths=") {
-			keep = append(keep, l)
+	u := string(b)
+	i := strings.Index(u, "\n[Service]\n")
+	if i < 0 {
+		return fmt.Errorf("%s has no [Service] section", name)
+	}
+	// Its own cgroup is bound at /sys/fs/cgroup by the unit's name.
+	own := `/sys/fs/cgroup/system.slice/system-nixcage\\x2dagent.slice/` + name + ":" // as the unit file escapes it
+	if !strings.Contains(u, own) {
+		return fmt.Errorf("%s does not bind its cgroup as %s", name, own)
+	}
+	svc := u[i+1:]
+	for unit, extra := range map[string]string{wallsAlone: "", wallsBefore: "ProtectKernelTunables=yes\nProtectHome=yes\n"} {
+		s := strings.Replace(svc, own, "/sys/fs/cgroup/system.slice/"+unit+":", 1)
+		s = strings.Replace(s, "\nRestart=on-failure\n", "\n", 1)
+		if extra != "" {
+			// As it was: these two instead of ReadOnlyPaths=/sys.
+			s = strings.Replace(s, "\nReadOnlyPaths=/sys\n", "\n", 1)
+			s = strings.Replace(s, "[Service]\n", "[Service]\n"+extra, 1)
+		}
+		if err := m.WriteFile("/etc/systemd/system/"+unit, []byte(s), 0o644); err != nil {
+			return err
 		}
 	}
-	if len(keep) != len(strings.Split(string(b), "\n"))-4 {
-		return fmt.Errorf("%s: expected 4 lines of its own root, found %d", paths.BindsTemplate, len(strings.Split(string(b), "\n"))-len(keep))
-	}
-	return m.WriteFile("/etc/systemd/system/bench-binds-hostroot@.service", []byte(strings.Join(keep, "\n")), 0o644)
+	return nil
 }
 
 // A variant is an agent's unit as rendered with some lines changed, run
@@ -479,7 +512,7 @@ func finished(ctx context.Context, m *systest.Machine, unit, after string) (int6
 // report prints the totals with their ratio to the plain unit, then each
 // backend's stages: the median offset of every stamp from the start and
 // the step from the one before.
-func report(out io.Writer, n int, rows []*row, bindsAlone map[string]time.Duration, load string) {
+func report(out io.Writer, n int, rows []*row, bindsAlone map[string]time.Duration, loadStart, load string) {
 	totals := func(r *row) []time.Duration {
 		var ds []time.Duration
 		for _, s := range r.samples {
@@ -489,7 +522,7 @@ func report(out io.Writer, n int, rows []*row, bindsAlone map[string]time.Durati
 	}
 	baseMed := median(totals(rows[0]))
 	fmt.Fprintf(out, "\ncage start latency: systemctl start -> Deactivated, /bin/true, n=%d interleaved, median (p90)\n", n)
-	fmt.Fprintf(out, "load average at the end: %s\n", load)
+	fmt.Fprintf(out, "load average at the start: %s, at the end: %s\n", loadStart, load)
 	fmt.Fprintf(out, "%-24s %10s %10s %8s  %s\n", "backend", "median", "p90", "ratio", "target")
 	targets := map[string]string{"service": "<= 1.5x", "nspawn": "<= 150 ms", "podman": "reported"}
 	for _, r := range rows {
@@ -507,16 +540,13 @@ func report(out io.Writer, n int, rows []*row, bindsAlone map[string]time.Durati
 		}
 		fmt.Fprintf(out, "\n%s, warm start (median offset from `systemctl start`, step from the stamp before)\n", r.name)
 		stages(out, r.samples, baseMed)
-		if b, ok := bindsAlone[r.name]; ok && r.name != "service" {
+		if b, ok := bindsAlone[r.name]; ok {
 			fmt.Fprintf(out, "  of which the ExecStart wrapper's `cagectl store binds` alone: %s\n", ms(b))
 		}
 		if len(r.cold.events) > 0 {
 			fmt.Fprintf(out, "%s, cold start (n=1: namespace, prepare step, sockets from nothing)\n", r.name)
 			stages(out, []sample{r.cold}, baseMed)
 		}
-	}
-	if b, ok := bindsAlone["service"]; ok {
-		fmt.Fprintf(out, "\n`cagectl store binds` alone (no unit around it): %s\n", ms(b))
 	}
 	for _, r := range rows {
 		if r.err != nil {
