@@ -344,6 +344,35 @@ func lookupGID(uid uint32) uint32 {
 
 // launchRun writes the run's files, starts its agent unit attached to the
 // caller's descriptors and registers it.
+// maxRunsPerCaller bounds the throw-away cages one uid runs at once: each
+// is a namespace, a gateway and a cage on the host, and an operator's
+// loop of `cagectl run` would otherwise grow them without end (red team).
+const maxRunsPerCaller = 8
+
+// registerRun takes the run's name and counts it against its caller's
+// bound, both under d.mu, so two requests can never both pass.
+func (d *Daemon) registerRun(r *run) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.runs == nil {
+		d.runs = map[string]*run{}
+	}
+	if d.runs[r.name] != nil {
+		return fmt.Errorf("%w: %q is already a running cage; choose another --name", bus.ErrInvalid, r.name)
+	}
+	n := 0
+	for _, o := range d.runs {
+		if o.uid == r.uid {
+			n++
+		}
+	}
+	if n >= maxRunsPerCaller {
+		return fmt.Errorf("%w: uid %d already runs %d throw-away cages, the most one caller may run at once; end one first (cagectl status lists them)", bus.ErrBusy, r.uid, n)
+	}
+	d.runs[r.name] = r
+	return nil
+}
+
 func (d *Daemon) launchRun(ctx context.Context, r *run, agent *config.Agent, store *config.Store, req bus.RunRequest, stdio [3]*os.File) error {
 	userName := "user"
 	if id := d.o.Users.Lookup(r.uid); id.User != "" {
@@ -370,16 +399,9 @@ func (d *Daemon) launchRun(ctx context.Context, r *run, agent *config.Agent, sto
 	// concurrently, and every waiter for a run's teardown is released at
 	// the same moment); the second would overwrite the first's manifest,
 	// and its failure's teardown would stop the first's cage (red team).
-	d.mu.Lock()
-	if d.runs == nil {
-		d.runs = map[string]*run{}
+	if err := d.registerRun(r); err != nil {
+		return err
 	}
-	if d.runs[r.name] != nil {
-		d.mu.Unlock()
-		return fmt.Errorf("%w: %q is already a running cage; choose another --name", bus.ErrInvalid, r.name)
-	}
-	d.runs[r.name] = r
-	d.mu.Unlock()
 	unregister := func() {
 		d.mu.Lock()
 		if d.runs[r.name] == r {
