@@ -225,7 +225,9 @@ if [ -n "${PROFILE:-}" ]; then
   echo; echo "syscalls per operation (strace -c -f; its own overhead slows the gateway, the counts are what matters):"
   awk -v ops="$ops" '$NF ~ /^[a-z_0-9]+$/ && $4 ~ /^[0-9]+$/ && $NF != "total" {printf "  %-14s %8.2f\n", $NF, $4 / ops}' "$W/strace.txt" | sort -k2 -nr | head -16
   echo; echo "perf: cumulative share of the gateway's samples per frame (user space; kernel time is inside the syscall frames):"
-  perf report -i "$W/perf.data" --children --sort sym --stdio -g none 2>/dev/null | grep -E '\[\.\]' | head -45
+  perf report -i "$W/perf.data" --children --sort sym --stdio -g none 2>/dev/null | grep -E '\[\.\]' | head -45 || true  # head closes the pipe early
+  echo; echo "perf: self share per symbol, kernel included (time in the kernel's context switch is a thread the gateway put to sleep and woke):"
+  perf report -i "$W/perf.data" --no-children --sort sym --stdio -g none 2>/dev/null | grep -E '\[[.k]\]' | head -12 || true
   exit 0
 fi
 # direct SLOT: the direct figures right before one proxy's, so each ratio
@@ -298,6 +300,7 @@ for rnd in $(seq "$ROUNDS"); do
     stop_proxy
   fi
 done
+echo "{\"mode\":\"load_end\",\"loadavg\":\"$(cut -d' ' -f1-3 /proc/loadavg)\"}" >>"$R"
 injected=$(grep -c '"secrets_injected":\["anthropic"\]' "$W/audit.jsonl" || true)
 opens=$(grep -c '"event":"open"' "$W/audit.jsonl" || true)
 
@@ -341,7 +344,7 @@ if not lat:
     print(f"cage-egress audit: {injected} requests with an injected credential")
     sys.exit(0)
 print(f"\nEgress tunnel path, {len(loads)} interleaved round(s), every proxy fresh per round; each ratio to a direct run just before it (median over rounds)")
-print(f"load average at the start of each round: {'; '.join(loads)}")
+print(f"load average at the start of each round: {'; '.join(loads)}; at the end: {'; '.join(r['loadavg'] for r in rs if r['mode'] == 'load_end')}")
 print(f"{n_lat} new-tunnel GETs, one {int(bulk)>>20} MiB GET, 8 keep-alive tunnels for {ka}, {hold} idle tunnels, interception with 8 clients\n")
 print("| proxy | new tunnel p50 | p99 | bulk | keep-alive req/s | RSS idle / %s tunnels | intercepted req/s |" % hold)
 print("|---|---|---|---|---|---|---|")

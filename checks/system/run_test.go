@@ -24,6 +24,13 @@ const runConfig = `
 egress_policy "p" {
   allow = ["api.example.com"]
 }
+egress_policy "bulk" {
+  allow = ["api.example.com"]
+  rate_limit {
+    per_second = 2000
+    burst      = 5000
+  }
+}
 agent "tty" {
   backend     = "service"
   command     = ["/bin/sh", "-i"]
@@ -140,6 +147,47 @@ func TestRunOnSystemd(t *testing.T) {
 		t.Errorf("a run after the spare %s was made: exit %d, %q; want it to be that run", spares[0], code, stderr)
 	}
 	assertTornDown(t, sh)
+
+	// Several runs of one name asked for while an earlier one is torn
+	// down (red team): every waiter is released at the same moment, and
+	// exactly one may take the name. The others are refused naming it; the
+	// one that took it runs to its end, untouched by their refusal.
+	// (The test slows that teardown by 2 s with a drop-in on the run's
+	// namespace unit, so that all four surely wait for it.)
+	race := sh(`mkdir -p /etc/systemd/system/nixcage-netns@race.service.d
+printf '[Service]\nExecStopPost=/bin/sleep 2\n' > /etc/systemd/system/nixcage-netns@race.service.d/slow.conf
+cagectl run --name race --no-workspace -- true
+rm -r /etc/systemd/system/nixcage-netns@race.service.d
+for i in 1 2 3 4; do (if cagectl run --name race --no-workspace -- sleep 2 >/dev/null 2>/tmp/race-$i; then echo "exit 0"; else echo "exit $?"; fi) & done; wait
+cat /tmp/race-*; rm -f /tmp/race-*`)
+	if strings.Count(race, "exit 0") != 1 || strings.Count(race, "exit ") != 4 || strings.Count(race, "choose another --name") != 3 {
+		t.Errorf("four runs of one name at once: want one to run (exit 0) and three refused naming it, got:\n%s", race)
+	}
+	waitTornDown(t, sh)
+
+	// The summary is the run's, all of it (red team). An earlier run of
+	// the name leaves a refusal in the audit log, which is kept; then the
+	// caged agent of the next run fills the log with allowed requests
+	// (allowed records have no budget; each carries the longest path a
+	// record keeps) past one read's worth, and only then tries a refused
+	// host. Its summary lists that host and not the earlier run's. (Its
+	// policy "bulk" allows thousands of requests a second, as one for a
+	// package registry would; under the default rate limit the same
+	// flood only takes longer.)
+	run("cagectl run --name tally --no-workspace --policy p -- /bin/sh -c 'curl -sS https://earlier.example.net/ >/dev/null; true'")
+	_, stderr, _ = run(`cagectl run --name tally --no-workspace --policy bulk -- /bin/sh -c '
+p=$(head -c 1000 /dev/zero | tr "\0" "~")
+curl -s "http://api.example.com/$p/[1-4000]" >/dev/null
+curl -sS https://evil.example.org/ >/dev/null; true'`)
+	for _, want := range []string{"4000 allowed", "1 blocked", "(blocked: evil.example.org)"} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("summary of a run that flooded its audit log first lacks %q:\n%s\nreasons in the log:\n%s", want, stderr,
+				sh(`grep -o '"decision":"[a-z]*".\{0,20\}\|"reason":"[^"]\{0,60\}' /var/log/nixcage-egress/tally/audit.jsonl | sort | uniq -c | sort -rn | head; ls -l /var/log/nixcage-egress/tally/`))
+		}
+	}
+	if strings.Contains(stderr, "earlier.example.net") {
+		t.Errorf("summary lists a host an earlier run of the name was refused:\n%s", stderr)
+	}
 
 	// The service backend, no workspace, and a command that fails.
 	if _, _, code := run("cagectl run --backend service --no-workspace -- /bin/sh -c 'test ! -e /workspace/job.sh && touch /workspace/x && exit 4'"); code != 4 {
@@ -343,7 +391,27 @@ echo; cat /mnt/ro-data/note; echo x > /mnt/ro-data/new 2>/dev/null && echo bind-
 // but its namespace unit, directory and mark.
 func assertTornDown(t *testing.T, sh func(string) string) {
 	t.Helper()
-	spares := waitTornDown(t, sh)
+	// caged makes the next spare after a teardown, off every caller's path:
+	// its directory, unit and namespace can appear between the wait and the
+	// listing (seen as "nixcage-netns@run-... activating"), so a listing
+	// with something left is taken again, for up to 5 s, and only what is
+	// still there then counts. A real leak stays.
+	var spares, rest []string
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		spares = waitTornDown(t, sh)
+		left := sh(`ls -d /run/systemd/system/*@run-* /run/systemd/system/*@visible* /run/systemd/transient/*run-* /run/netns/nixcage-* /run/nixcage/runs/* /run/nixcage/cage/* /var/lib/nixcage/egress/* 2>/dev/null || true
+systemctl list-units --all --no-legend --plain 'nixcage-*' 'cage-egress*' | grep -v caged || true`)
+		rest = nil
+		for _, l := range strings.Split(strings.TrimSpace(left), "\n") {
+			if l != "" && !spareLine(l, spares) {
+				rest = append(rest, l)
+			}
+		}
+		if len(rest) == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 	if len(spares) > 1 {
 		t.Errorf("more than one spare namespace: %v", spares)
 	}
@@ -352,21 +420,11 @@ func assertTornDown(t *testing.T, sh func(string) string) {
 			t.Errorf("the spare namespace of %s is not fresh: %q, want only lo and no process", sp, got)
 		}
 	}
-	left := sh(`ls -d /run/systemd/system/*@run-* /run/systemd/system/*@visible* /run/systemd/transient/*run-* /run/netns/nixcage-* /run/nixcage/runs/* /run/nixcage/cage/* /var/lib/nixcage/egress/* 2>/dev/null || true
-systemctl list-units --all --no-legend --plain 'nixcage-*' 'cage-egress*' | grep -v caged || true`)
-	var rest []string
-	for _, l := range strings.Split(strings.TrimSpace(left), "\n") {
-		if l != "" && !spareLine(l, spares) {
-			rest = append(rest, l)
-		}
-	}
 	if len(rest) > 0 {
 		t.Errorf("left after the run:\n%s", strings.Join(rest, "\n"))
 	}
 }
 
-// spareLine: l is one of the three things a spare has (its namespace, its
-// namespace unit's file or state, its run directory).
 func spareLine(l string, spares []string) bool {
 	for _, sp := range spares {
 		for _, own := range []string{"/run/netns/nixcage-" + sp, "/run/systemd/system/nixcage-netns@" + sp + ".service", "/run/nixcage/runs/" + sp, "nixcage-netns@" + sp + ".service "} {

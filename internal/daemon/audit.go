@@ -45,6 +45,14 @@ func newAuditTail(d *Daemon, interval time.Duration) *auditTail {
 	return t
 }
 
+// startAt counts agent's decisions afresh from offset on: a throw-away
+// cage's name may have had earlier runs, whose records are not its own.
+func (t *auditTail) startAt(agent string, offset int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.files[agent] = &tailState{offset: offset}
+}
+
 func (t *auditTail) counts(agent string) (allowed, flagged, blocked uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -48,6 +48,11 @@ type run struct {
 	up                time.Time // the start job finished
 	binds             []verifiedBind
 	secretValues      map[string][]byte // until written to dir/secrets
+	// auditFrom is where the audit log of the name ended before the run's
+	// gateway could write: the log outlives runs, and what an earlier run
+	// of the name (or a former declared agent) did is not this run's.
+	auditFrom int64
+	spared    bool // the name is a spare namespace's (spare.go): its directory is there
 
 	mu     sync.Mutex
 	state  reconcile.State
@@ -159,11 +164,12 @@ func (d *Daemon) prepareRun(req bus.RunRequest, spared bool, bindF []*os.File, b
 	if d.config().Agent(name) != nil || d.runByName(name) != nil {
 		return nil, nil, nil, fmt.Errorf("%w: %q is already a declared agent or a running cage; choose another --name", bus.ErrInvalid, name)
 	}
-	if _, err := os.Lstat(d.qdirs.Host(paths.RunDir(name))); err == nil && !spared {
-		return nil, nil, nil, fmt.Errorf("%w: a cage named %q is still being torn down; choose another --name", bus.ErrInvalid, name)
-	}
+	// Whether the run's directory is still there (an unfinished
+	// teardown) is asked in launchRun, once the name has been validated
+	// (runAgent): looked up here, a name with ".." would have caged, as
+	// root, tell the caller whether any path exists (red team).
 	r := &run{name: name, backend: req.Backend, by: caller.String(), uid: caller.UID, sender: sender,
-		dir: d.qdirs.Host(paths.RunDir(name)), done: make(chan struct{})}
+		dir: d.qdirs.Host(paths.RunDir(name)), done: make(chan struct{}), spared: spared}
 
 	seenDest := map[string]bool{}
 	for i, b := range binds {
@@ -358,6 +364,42 @@ func (d *Daemon) launchRun(ctx context.Context, r *run, agent *config.Agent, sto
 	if root == "" {
 		root = "/"
 	}
+	// The name is taken here, checked and registered at once, before
+	// anything is written: prepareRun's check is only the early answer.
+	// Two requests of one name can both pass it (they are served
+	// concurrently, and every waiter for a run's teardown is released at
+	// the same moment); the second would overwrite the first's manifest,
+	// and its failure's teardown would stop the first's cage (red team).
+	d.mu.Lock()
+	if d.runs == nil {
+		d.runs = map[string]*run{}
+	}
+	if d.runs[r.name] != nil {
+		d.mu.Unlock()
+		return fmt.Errorf("%w: %q is already a running cage; choose another --name", bus.ErrInvalid, r.name)
+	}
+	d.runs[r.name] = r
+	d.mu.Unlock()
+	unregister := func() {
+		d.mu.Lock()
+		if d.runs[r.name] == r {
+			delete(d.runs, r.name)
+		}
+		d.mu.Unlock()
+	}
+	if _, err := os.Lstat(r.dir); err == nil && !r.spared {
+		unregister()
+		return fmt.Errorf("%w: a cage named %q is still being torn down; choose another --name", bus.ErrInvalid, r.name)
+	}
+	d.markAuditStart(r)
+	if d.audit != nil {
+		d.audit.startAt(r.name, r.auditFrom) // status counts this run's decisions only
+	}
+	fail := func(err error) error {
+		d.teardownRun(context.Background(), d.units, r)
+		unregister()
+		return err
+	}
 	// The manifest first, so that whatever is written can be removed.
 	var installed []string
 	for _, f := range files {
@@ -367,25 +409,13 @@ func (d *Daemon) launchRun(ctx context.Context, r *run, agent *config.Agent, sto
 		installed = append(installed, filepath.Join(paths.RunDir(r.name), "secrets", name))
 	}
 	if err := mkdirReadable(r.dir); err != nil {
+		unregister()
 		return fmt.Errorf("run %s: %w", r.name, err)
 	}
 	if err := writeRunManifest(filepath.Join(r.dir, runManifest), installed); err != nil {
-		return fmt.Errorf("run %s: %w", r.name, err)
+		return fail(fmt.Errorf("run %s: %w", r.name, err))
 	}
 	os.Remove(filepath.Join(r.dir, spareMark)) // a spare's namespace is this run's now
-	d.mu.Lock()
-	if d.runs == nil {
-		d.runs = map[string]*run{}
-	}
-	d.runs[r.name] = r
-	d.mu.Unlock()
-	fail := func(err error) error {
-		d.teardownRun(context.Background(), d.units, r)
-		d.mu.Lock()
-		delete(d.runs, r.name)
-		d.mu.Unlock()
-		return err
-	}
 	if err := writeRunSecrets(r.dir, r.secretValues); err != nil {
 		return fail(fmt.Errorf("run %s: %w", r.name, err))
 	}
@@ -722,7 +752,7 @@ func (d *Daemon) finishRun(r *run, why string) {
 		sum.Exit, sum.Result = d.exitStatus(ctx, unit)
 		tEnd := time.Now()
 		d.settleGateway(ctx, r)
-		d.auditSummary(r.name, &sum)
+		d.auditSummary(r, &sum)
 		r.mu.Lock()
 		r.ended = true
 		r.mu.Unlock()
@@ -731,7 +761,9 @@ func (d *Daemon) finishRun(r *run, why string) {
 		tReported := time.Now()
 		d.teardownRun(ctx, d.units, r)
 		d.mu.Lock()
-		delete(d.runs, r.name)
+		if d.runs[r.name] == r {
+			delete(d.runs, r.name)
+		}
 		d.mu.Unlock()
 		d.log.Info("throw-away cage ended", "name", r.name, "by", r.by, "exit", sum.Exit, "result", sum.Result,
 			"allowed", sum.Allowed, "flagged", sum.Flagged, "blocked", sum.Blocked, "duration", tReported.Sub(r.started).Round(time.Millisecond),
@@ -828,28 +860,44 @@ func (d *Daemon) teardownRun(ctx context.Context, units reconcile.Units, r *run)
 	}
 }
 
-// auditSummary counts the run's egress decisions from its audit log.
-func (d *Daemon) auditSummary(name string, sum *bus.RunSummary) {
-	lines, _, err := auditlog.Read(d.qdirs.AuditFile(name), 0, 100000)
-	if err != nil {
-		return
+// markAuditStart notes where the audit log of the run's name ends now,
+// before any unit of the run starts: the run's records come after it.
+func (d *Daemon) markAuditStart(r *run) {
+	if fi, err := os.Lstat(d.qdirs.AuditFile(r.name)); err == nil && fi.Mode().IsRegular() {
+		r.auditFrom = fi.Size()
 	}
+}
+
+// auditSummary counts the run's egress decisions from its audit log: every
+// record from the run's start on. The whole of it, one bounded read after
+// the other: a cage that fills its log with allowed requests (which have
+// no budget) before a refusal must not push that refusal out of the
+// summary. The gateway has stopped (settleGateway), so the log no longer
+// grows.
+func (d *Daemon) auditSummary(r *run, sum *bus.RunSummary) {
 	hosts := map[string]bool{}
-	for _, l := range lines {
-		var rec auditlog.Record
-		if json.Unmarshal([]byte(l), &rec) != nil {
-			continue
+	for offset := r.auditFrom; ; {
+		lines, next, err := auditlog.Read(d.qdirs.AuditFile(r.name), offset, 100000)
+		if err != nil || next <= offset {
+			break // the end, or a log rotated under it (Read starts again at 0)
 		}
-		n := rec.Decisions() // 0 for a tunnel's close record
-		switch rec.Decision {
-		case auditlog.Allowed:
-			sum.Allowed += n
-		case auditlog.Flagged:
-			sum.Flagged += n
-		case auditlog.Blocked:
-			sum.Blocked += n
-			if rec.Host != "" {
-				hosts[rec.Host] = true
+		offset = next
+		for _, l := range lines {
+			var rec auditlog.Record
+			if json.Unmarshal([]byte(l), &rec) != nil {
+				continue
+			}
+			n := rec.Decisions() // 0 for a tunnel's close record
+			switch rec.Decision {
+			case auditlog.Allowed:
+				sum.Allowed += n
+			case auditlog.Flagged:
+				sum.Flagged += n
+			case auditlog.Blocked:
+				sum.Blocked += n
+				if rec.Host != "" {
+					hosts[rec.Host] = true
+				}
 			}
 		}
 	}

@@ -412,6 +412,28 @@ func TestThreatInspectors(t *testing.T) {
 	}
 }
 
+// exchangeWithSlot sends one raw request on a fresh connection and reads
+// the answer, retrying while the gateway answers 503 at its tunnel cap:
+// connections an earlier subtest closed are freed when the gateway notices,
+// which under load can come after the next subtest dials (seen at load 26-30).
+func exchangeWithSlot(t *testing.T, h *harness, req string) (*http.Response, error) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		conn, err := net.Dial("tcp", h.proxyAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		io.WriteString(conn, req)
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil || resp.StatusCode != http.StatusServiceUnavailable || time.Now().After(deadline) {
+			return resp, err
+		}
+		conn.Close()
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 func TestThreatFloods(t *testing.T) {
 	h := newHarness(t, func(rt *policy.Runtime) {
 		rt.Policy.Limits = policy.Limits{MaxTunnels: 3, MaxHeaderBytes: 8 << 10, MaxBodyBytes: 256 << 10, IdleTimeoutSeconds: 1}
@@ -467,13 +489,7 @@ func TestThreatFloods(t *testing.T) {
 		h.want(t, func(r audit.Record) bool { return r.Path == "/hdr" }, audit.Blocked, "max-header-bytes")
 	})
 	t.Run("headers beyond what the server parses", func(t *testing.T) {
-		conn, err := net.Dial("tcp", h.proxyAddr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: plain.example.com\r\nX-Junk: %s\r\n\r\n", h.httpURL("plain.example.com", "/hard"), strings.Repeat("j", 64<<10))
-		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		resp, err := exchangeWithSlot(t, h, fmt.Sprintf("GET %s HTTP/1.1\r\nHost: plain.example.com\r\nX-Junk: %s\r\n\r\n", h.httpURL("plain.example.com", "/hard"), strings.Repeat("j", 64<<10)))
 		if err != nil || resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
 			t.Fatalf("got %v %v", resp, err)
 		}
@@ -483,29 +499,32 @@ func TestThreatFloods(t *testing.T) {
 		}
 	})
 	t.Run("malformed request", func(t *testing.T) {
-		conn, err := net.Dial("tcp", h.proxyAddr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		fmt.Fprintf(conn, "GET http://plain.example.com/ HTTP/1.1\r\nHost: plain.example.com\r\nBad Header Name: x\r\n\r\n")
-		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		resp, err := exchangeWithSlot(t, h, "GET http://plain.example.com/ HTTP/1.1\r\nHost: plain.example.com\r\nBad Header Name: x\r\n\r\n")
 		if err != nil || resp.StatusCode != http.StatusBadRequest {
 			t.Fatalf("got %v %v", resp, err)
 		}
 		h.want(t, func(r audit.Record) bool { return r.Rule == "http-protocol" && strings.Contains(r.Reason, "400") }, audit.Blocked, "http-protocol")
 	})
 	t.Run("slow client is dropped", func(t *testing.T) {
-		conn, err := net.Dial("tcp", h.proxyAddr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		fmt.Fprintf(conn, "CONNECT example.net:%s HTTP/1.1\r\n", port) // never finishes
-		conn.SetReadDeadline(time.Now().Add(20 * time.Second))
-		b, err := io.ReadAll(conn)
-		if err != nil {
-			t.Fatalf("connection not closed by the gateway: %v", err)
+		var b []byte
+		for deadline := time.Now().Add(20 * time.Second); ; {
+			conn, err := net.Dial("tcp", h.proxyAddr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fmt.Fprintf(conn, "CONNECT example.net:%s HTTP/1.1\r\n", port) // never finishes
+			conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+			b, err = io.ReadAll(conn)
+			conn.Close()
+			if err != nil {
+				t.Fatalf("connection not closed by the gateway: %v", err)
+			}
+			// A 503 is the cap still counting an earlier subtest's
+			// connections (closed by us, not yet reaped by the gateway).
+			if !strings.HasPrefix(string(b), "HTTP/1.1 503") || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
 		}
 		if strings.Contains(string(b), " 200 ") {
 			t.Fatalf("slow client got a tunnel: %q", b)

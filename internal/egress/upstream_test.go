@@ -507,3 +507,54 @@ func TestInterceptedUpstreamAgentLeaves(t *testing.T) {
 		t.Fatalf("record %+v: want the reason to say the agent left", r)
 	}
 }
+
+// Two intercepted hosts on one upstream address: an upstream connection is
+// reused only for the host whose certificate it verified, so a request
+// (and the credential injected for its host) never travels on a TLS
+// session made for another name, however the tunnels interleave.
+func TestInterceptedUpstreamPerHost(t *testing.T) {
+	var mu sync.Mutex
+	var mismatch []string
+	h, s := scriptedHarness(t, func(n int, c net.Conn, br *bufio.Reader) {
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			sni := c.(*tls.Conn).ConnectionState().ServerName
+			if host, _, _ := net.SplitHostPort(req.Host); host != sni {
+				mu.Lock()
+				mismatch = append(mismatch, fmt.Sprintf("request for %s on a connection for %s", req.Host, sni))
+				mu.Unlock()
+			}
+			answer(c, sni)
+		}
+	})
+	for round := range 3 {
+		for _, host := range []string{"api.example.com", "other.example.com"} {
+			c := h.keepAliveClient()
+			u := "https://" + host + ":" + strconv.Itoa(s.port) + "/r" + strconv.Itoa(round)
+			code, _, body, err := h.do(c, "GET", u, http.Header{"X-Api-Key": {h.ph["anthropic"]}}, "")
+			if host == "other.example.com" {
+				// The placeholder is not bound there: refused before
+				// anything goes upstream.
+				if err != nil || code != http.StatusForbidden {
+					t.Fatalf("%s with a placeholder: got %d %v %q, want 403", u, code, err, body)
+				}
+				code, _, body, err = h.do(c, "GET", u, nil, "")
+			}
+			if err != nil || code != 200 || body != host {
+				t.Fatalf("%s: got %d %v %q", u, code, err, body)
+			}
+			c.Transport.(*http.Transport).CloseIdleConnections()
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(mismatch) > 0 {
+		t.Fatalf("%q", mismatch)
+	}
+	if n := s.conns.Load(); n < 2 {
+		t.Fatalf("upstream saw %d connection(s) for two hosts, want one per host at least", n)
+	}
+}
