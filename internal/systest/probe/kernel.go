@@ -147,13 +147,9 @@ func vmRead(which string) (string, error) {
 		return "", err
 	}
 	defer done()
-	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	lo, err := firstMapping(pid)
 	if err != nil {
 		return "", err
-	}
-	var lo uint64
-	if _, err := fmt.Sscanf(string(maps), "%x-", &lo); err != nil {
-		return "", fmt.Errorf("maps of %d: %w", pid, err)
 	}
 	buf := make([]byte, 8)
 	local := []unix.Iovec{{Base: &buf[0], Len: 8}}
@@ -162,6 +158,19 @@ func vmRead(which string) (string, error) {
 		return "", err
 	}
 	return fmt.Sprintf("read %x at %#x of pid %d", buf, lo, pid), nil
+}
+
+// firstMapping is the start of the first mapping in /proc/PID/maps.
+func firstMapping(pid int) (uint64, error) {
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		return 0, err
+	}
+	var lo uint64
+	if _, err := fmt.Sscanf(string(maps), "%x-", &lo); err != nil {
+		return 0, fmt.Errorf("maps of %d: %w", pid, err)
+	}
+	return lo, nil
 }
 
 // procMem opens the target's /proc/PID/mem read-write and writes back the
@@ -178,19 +187,15 @@ func procMem(which string) (string, error) {
 		return "", err
 	}
 	defer f.Close()
-	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	lo, err := firstMapping(pid)
 	if err != nil {
 		return "", err
 	}
-	var lo int64
-	if _, err := fmt.Sscanf(string(maps), "%x-", &lo); err != nil {
-		return "", fmt.Errorf("maps of %d: %w", pid, err)
-	}
 	buf := make([]byte, 8)
-	if _, err := f.ReadAt(buf, lo); err != nil {
+	if _, err := f.ReadAt(buf, int64(lo)); err != nil {
 		return "", err
 	}
-	if _, err := f.WriteAt(buf, lo); err != nil {
+	if _, err := f.WriteAt(buf, int64(lo)); err != nil {
 		return "", err
 	}
 	return fmt.Sprintf("wrote %x back at %#x of pid %d", buf, lo, pid), nil
