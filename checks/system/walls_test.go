@@ -86,7 +86,7 @@ func wallChecks(backend string) []string {
 	}
 	if backend != "service" {
 		// The cage's PID 1 (nspawn: cage-seal --init; podman: the probe).
-		c = append(c, "ptrace,1", "vmread,1", "read,/proc/1/status")
+		c = append(c, "ptrace,1", "vmread,1", "procmem,1", "read,/proc/1/status")
 	}
 	if backend == "nspawn" {
 		// Hold the cgroup channel open while the others look for it.
@@ -337,6 +337,17 @@ func (e *cageEnv) assertWalls(t *testing.T, backend string, got map[string]probe
 	} else {
 		for _, c := range kernel {
 			t.Logf("service cage %s: ok=%v %s", c, res(c).OK, res(c).Error)
+		}
+	}
+	if backend == "nspawn" {
+		// Red team: /proc/1/mem is PID 1's memory without a system call
+		// the filter sees; only the kernel's ptrace access check guards
+		// it, which a process of the same uid passed while PID 1 was
+		// dumpable.
+		if r := res("procmem,1"); r.OK {
+			t.Errorf("procmem,1 succeeded inside the nspawn cage (%s): the agent writes its PID 1's memory", r.Detail)
+		} else {
+			t.Logf("procmem,1 refused: %s", r.Error)
 		}
 	}
 	if backend == "nspawn" {

@@ -42,6 +42,15 @@ const StopGrace = 5 * time.Second
 // it, passes signals on, and exits with the command's status (128+N when a
 // signal N killed it) as soon as the command ends.
 func runInit(path string, argv []string) error {
+	// Not dumpable: the agent has the init's uid, and the kernel's ptrace
+	// access check, all that guards /proc/1/mem (no system call the filter
+	// sees), let a process of the same uid write a dumpable one's memory
+	// (red team). A process that is not dumpable needs CAP_SYS_PTRACE in
+	// the cage's user namespace, which no process of the cage has. The
+	// command is dumpable again: execve resets it.
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		return fmt.Errorf("seal: not dumpable: %w", err)
+	}
 	sigs := make(chan os.Signal, 64)
 	signal.Notify(sigs, append([]os.Signal{unix.SIGCHLD}, forwarded...)...)
 	signal.Notify(make(chan os.Signal, 1), dropped...)

@@ -147,13 +147,9 @@ func vmRead(which string) (string, error) {
 		return "", err
 	}
 	defer done()
-	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	lo, err := firstMapping(pid)
 	if err != nil {
 		return "", err
-	}
-	var lo uint64
-	if _, err := fmt.Sscanf(string(maps), "%x-", &lo); err != nil {
-		return "", fmt.Errorf("maps of %d: %w", pid, err)
 	}
 	buf := make([]byte, 8)
 	local := []unix.Iovec{{Base: &buf[0], Len: 8}}
@@ -162,4 +158,45 @@ func vmRead(which string) (string, error) {
 		return "", err
 	}
 	return fmt.Sprintf("read %x at %#x of pid %d", buf, lo, pid), nil
+}
+
+// firstMapping is the start of the first mapping in /proc/PID/maps.
+func firstMapping(pid int) (uint64, error) {
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		return 0, err
+	}
+	var lo uint64
+	if _, err := fmt.Sscanf(string(maps), "%x-", &lo); err != nil {
+		return 0, fmt.Errorf("maps of %d: %w", pid, err)
+	}
+	return lo, nil
+}
+
+// procMem opens the target's /proc/PID/mem read-write and writes back the
+// first word of its first mapping: the kernel's ptrace access check alone
+// stands between a process and another's memory there.
+func procMem(which string) (string, error) {
+	pid, done, err := target(which)
+	if err != nil {
+		return "", err
+	}
+	defer done()
+	f, err := os.OpenFile(fmt.Sprintf("/proc/%d/mem", pid), os.O_RDWR, 0)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	lo, err := firstMapping(pid)
+	if err != nil {
+		return "", err
+	}
+	buf := make([]byte, 8)
+	if _, err := f.ReadAt(buf, int64(lo)); err != nil {
+		return "", err
+	}
+	if _, err := f.WriteAt(buf, int64(lo)); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("wrote %x back at %#x of pid %d", buf, lo, pid), nil
 }

@@ -192,6 +192,13 @@ func check(ctx context.Context, spec string) Result {
 		if need(1) {
 			r.Detail, err = vmRead(a[0])
 		}
+	case "procmem":
+		// procmem,1|child: /proc/PID/mem opened for writing, a word read
+		// and written back: the target's memory without ptrace(2) or
+		// process_vm_writev(2), which a seccomp filter sees.
+		if need(1) {
+			r.Detail, err = procMem(a[0])
+		}
 	case "setid":
 		// setid,SRC,DST: copy SRC to DST, chmod 4755 and 6755, open DST's
 		// directory; succeeds when a setuid or setgid bit stuck.
