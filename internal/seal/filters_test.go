@@ -91,25 +91,40 @@ func podmanFilters(t *testing.T) [][]unix.SockFilter {
 	for _, l := range []string{"bin", "lib", "lib64", "sbin"} {
 		os.Symlink("usr/"+l, filepath.Join(root, l))
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	name := fmt.Sprintf("sealtest-%d", os.Getpid())
+	var out lockedOutput
 	cmd := exec.CommandContext(ctx, podman, append(append([]string{"run", "--rm", "--name", name}, podmanOldArgs...), "--rootfs", root, "/usr/bin/sleep", "300")...)
+	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
 	defer func() {
 		exec.Command(podman, "rm", "--force", "--ignore", name).Run()
-		cmd.Wait()
+		cancel()
+		<-exited
 	}()
+	// Wait for the container, or for podman to give up: a first run in a
+	// new machine sets up podman's storage and can take a while (seen
+	// past 15 s in checks/fresh.sh's tree while CI ran beside it).
 	var pid int
-	for i := 0; i < 300 && pid == 0; i++ {
-		time.Sleep(50 * time.Millisecond)
-		out, _ := exec.Command(podman, "inspect", "--format", "{{.State.Pid}}", name).Output()
-		pid, _ = strconv.Atoi(strings.TrimSpace(string(out)))
-	}
-	if pid == 0 {
-		t.Fatalf("podman's container never started")
+	for pid == 0 {
+		select {
+		case err := <-exited:
+			exited <- err
+			if strings.Contains(out.String(), "cgroup") {
+				t.Skipf("podman cannot start a container on this machine (%v): %s", err, out.String())
+			}
+			t.Fatalf("podman ended before its container started (%v): %s", err, out.String())
+		case <-ctx.Done():
+			t.Fatalf("podman's container never started in %v: %s", 3*time.Minute, out.String())
+		case <-time.After(100 * time.Millisecond):
+		}
+		b, _ := exec.Command(podman, "inspect", "--format", "{{.State.Pid}}", name).Output()
+		pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
 	}
 	progs, err := dumpFilters(pid)
 	if err != nil {
