@@ -13,6 +13,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -69,13 +70,19 @@ type upKey struct {
 
 // upConn is one upstream TLS connection.
 type upConn struct {
-	key   upKey
-	tc    net.Conn // the TLS connection
-	raw   syscall.Conn
-	lim   headLimit
-	br    *bufio.Reader
-	bw    *bufio.Writer
-	timer *time.Timer // idle expiry while in the pool
+	key upKey
+	tc  net.Conn // the TLS connection
+	raw syscall.Conn
+	lim headLimit
+	// rc and peekFn are alive's, made once per connection rather than
+	// per request; peekOK is peekFn's result.
+	rc      syscall.RawConn
+	peekFn  func(fd uintptr) bool
+	peekOK  bool
+	peekBuf [1]byte
+	br      *bufio.Reader
+	bw      *bufio.Writer
+	timer   *time.Timer // idle expiry while in the pool
 }
 
 // headLimit caps the bytes read from the connection while a response
@@ -107,18 +114,25 @@ func (c *upConn) alive() bool {
 	if c.br.Buffered() > 0 {
 		return false
 	}
-	rc, err := c.raw.SyscallConn()
-	if err != nil {
-		return false
+	if c.rc == nil {
+		rc, err := c.raw.SyscallConn()
+		if err != nil {
+			return false
+		}
+		c.rc, c.peekFn = rc, c.peek
 	}
-	ok := false
-	_ = rc.Read(func(fd uintptr) bool {
-		var b [1]byte
-		n, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-		ok = n < 0 && errors.Is(err, unix.EAGAIN)
-		return true
-	})
-	return ok
+	c.peekOK = false
+	_ = c.rc.Read(c.peekFn)
+	return c.peekOK
+}
+
+// peek is alive's look at the socket: nothing to read (EAGAIN) is alive.
+func (c *upConn) peek(fd uintptr) bool {
+	// recvfrom(2) with no address buffer: unix.Recvfrom would allocate
+	// one per call to return a peer address TCP does not give.
+	_, _, errno := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&c.peekBuf[0])), 1, unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
+	c.peekOK = errno == unix.EAGAIN
+	return true
 }
 
 func (c *upConn) close() { _ = c.tc.Close() }
