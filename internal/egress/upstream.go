@@ -204,9 +204,64 @@ type tunnelClient struct {
 	// headTimeout, when set, replaces upstreamHeaderTimeout (the fuzz
 	// test's upstream never finishes a truncated head).
 	headTimeout time.Duration
+
+	// The agent going away (its tunnel closed, a ban) aborts the exchange
+	// in flight: agentGone, called by the tunnel's agentConn, sets
+	// goneErr and aborts cur. Once per tunnel rather than a
+	// context.AfterFunc per request (whose registration on net/http's
+	// request context was a thirtieth of the gateway's CPU per request).
+	mu      sync.Mutex
+	cur     *upExchange
+	goneErr error
 }
 
 func (g *Gateway) newTunnelClient() *tunnelClient { return &tunnelClient{g: g} }
+
+// agentGone aborts the exchange in flight, and any later one, because
+// the agent's connection failed with err.
+func (tc *tunnelClient) agentGone(err error) {
+	tc.mu.Lock()
+	defer tc.mu.Unlock()
+	if tc.goneErr == nil {
+		tc.goneErr = err
+	}
+	if tc.cur != nil {
+		tc.cur.abort()
+	}
+}
+
+// begin makes e the exchange agentGone aborts; it is aborted at once if
+// the agent has already gone.
+func (tc *tunnelClient) begin(e *upExchange) {
+	tc.mu.Lock()
+	defer tc.mu.Unlock()
+	tc.cur = e
+	if tc.goneErr != nil {
+		e.abort()
+	}
+}
+
+// agentConn is the agent's side of an intercepted HTTP/1.1 tunnel as
+// net/http's server reads it (the TLS connection; net/http takes its TLS
+// state from ConnectionState). A read that fails other than by a deadline
+// is the agent gone: net/http's background read between requests sees it
+// first, while a handler waits on the upstream, as it did when it
+// cancelled the request's context.
+type agentConn struct {
+	*tls.Conn
+	gone func(error)
+}
+
+func (c *agentConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if err != nil {
+		var ne net.Error
+		if !errors.As(err, &ne) || !ne.Timeout() {
+			c.gone(err)
+		}
+	}
+	return n, err
+}
 
 // close ends the tunnel's use of its connection: an idle one goes to the
 // gateway's pool for the next tunnel to the same host.
@@ -327,8 +382,7 @@ func (tc *tunnelClient) send(c *upConn, req *http.Request) (*http.Response, erro
 	// whatever waits on the upstream returns. The connection stays whole
 	// (a deadline, not a close), so an exchange that had read its answer
 	// to the end when the agent left still hands it on.
-	ex.aborts.Add(1)
-	ex.stop = context.AfterFunc(req.Context(), ex.abort)
+	tc.begin(ex)
 	if req.Body == nil {
 		if err := writeRequest(c, req); err != nil {
 			ex.fail()
@@ -360,7 +414,7 @@ func (tc *tunnelClient) send(c *upConn, req *http.Request) (*http.Response, erro
 		werr := ex.fail()
 		switch {
 		case ex.aborted:
-			err = fmt.Errorf("request abandoned by the agent: %w", context.Cause(req.Context()))
+			err = fmt.Errorf("request abandoned by the agent: %w", tc.gone())
 		case werr != nil:
 			err = werr
 		case c.lim.read == 0:
@@ -421,8 +475,6 @@ func readResponse(c *upConn, req *http.Request) (*http.Response, error) {
 type upExchange struct {
 	tc     *tunnelClient
 	c      *upConn
-	stop   func() bool    // unregisters abort
-	aborts sync.WaitGroup // done when abort cannot run any more
 	body   io.ReadCloser
 	eof    bool
 	keep   bool
@@ -434,26 +486,34 @@ type upExchange struct {
 	aborted bool
 }
 
-// abort runs when the agent's request context ends before the exchange
-// has.
+// abort runs, under tc.mu, when the agent goes away before the exchange
+// has ended.
 func (e *upExchange) abort() {
-	defer e.aborts.Done()
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.aborted = true
 	_ = e.c.tc.SetDeadline(aLongTimeAgo)
 }
 
-// settle unregisters abort and waits for it if it started; it reports
-// whether it ran.
+// settle ends e's registration with the tunnel (an abort under way has
+// finished when it returns: both hold tc.mu); it reports whether abort
+// ran.
 func (e *upExchange) settle() bool {
-	if e.stop() {
-		e.aborts.Done()
+	e.tc.mu.Lock()
+	if e.tc.cur == e {
+		e.tc.cur = nil
 	}
-	e.aborts.Wait()
+	e.tc.mu.Unlock()
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.aborted
+}
+
+// gone is the error the agent's connection failed with.
+func (tc *tunnelClient) gone() error {
+	tc.mu.Lock()
+	defer tc.mu.Unlock()
+	return tc.goneErr
 }
 
 func (e *upExchange) Read(p []byte) (int, error) {
