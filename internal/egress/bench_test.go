@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"bufio"
 	"bytes"
 	"io"
 	"net/http"
@@ -100,6 +101,7 @@ func benchStages(b *testing.B) (*state, string) {
 //
 // head: decide, inspect the URL and headers (all five inspectors of the
 // bench policy), inject the credential, build the upstream request.
+// request-write: write the upstream request's head (writeHead).
 // respond: redact a 64-byte response's headers and body to the agent.
 // audit: encode and write the request's record to a file.
 func BenchmarkRequestStages(b *testing.B) {
@@ -130,6 +132,19 @@ func BenchmarkRequestStages(b *testing.B) {
 				panic("not injected")
 			}
 			_ = outbound(r, tg, "https", body)
+		}
+	})
+	b.Run("request-write", func(b *testing.B) {
+		r := &http.Request{Method: "GET", URL: &url.URL{Path: "/small"}, RequestURI: "/small", Host: "api.example.com", Header: hdr.Clone(), Body: http.NoBody}
+		body, _ := inspectBody(st, tg, r)
+		out := outbound(r, tg, "https", body)
+		bw := bufio.NewWriter(io.Discard)
+		b.ReportAllocs()
+		for b.Loop() {
+			if !writeHead(bw, out) {
+				panic("declined")
+			}
+			bw.Flush()
 		}
 	})
 	b.Run("respond", func(b *testing.B) {

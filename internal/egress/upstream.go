@@ -32,8 +32,9 @@ import (
 // body is not deadlocked.
 //
 // The wire format is net/http's own on both sides: http.Request.Write, the
-// function the Transport writes with, and http.ReadResponse, the parser it
-// reads with. Nothing here parses HTTP; the framing decisions (chunked,
+// function the Transport writes with (for a GET or HEAD without a body,
+// writeHead writes Request.Write's bytes without its fmt calls; a test
+// compares the two), and http.ReadResponse, the parser it reads with. Nothing here parses HTTP; the framing decisions (chunked,
 // Content-Length, a close-delimited body, 1xx) are net/http's, the same as
 // before. What this file decides is only when a connection may carry the
 // next request.
@@ -437,8 +438,10 @@ func (tc *tunnelClient) send(c *upConn, req *http.Request) (*http.Response, erro
 }
 
 func writeRequest(c *upConn, req *http.Request) error {
-	if err := req.Write(c.bw); err != nil {
-		return err
+	if !writeHead(c.bw, req) {
+		if err := req.Write(c.bw); err != nil {
+			return err
+		}
 	}
 	return c.bw.Flush()
 }
