@@ -28,15 +28,16 @@ func main() {
 	addr := flag.String("addr", "127.0.0.1:0", "listen address")
 	to := flag.String("to", "", "address every connection is forwarded to")
 	idle := flag.Duration("idle", 0, "close a pair when neither side received a byte for this long (tcp_info last_data_recv); 0: never")
+	noFlow := flag.Bool("unsafe-no-flow-control", false, "never pause a sender: the kernel then queues without bound what a non-reading receiver's peer sends (measures flow control's cost)")
 	check := flag.Bool("check", false, "only create the BPF objects and exit: 0 if this kernel and these privileges run the relay")
 	flag.Parse()
-	if err := run(*addr, *to, *idle, *check); err != nil {
+	if err := run(*addr, *to, *idle, *noFlow, *check); err != nil {
 		fmt.Fprintln(os.Stderr, "sockmap:", err)
 		os.Exit(1)
 	}
 }
 
-func run(addr, to string, idle time.Duration, check bool) error {
+func run(addr, to string, idle time.Duration, noFlow, check bool) error {
 	k, err := newKernel()
 	if err != nil {
 		return err
@@ -48,7 +49,7 @@ func run(addr, to string, idle time.Duration, check bool) error {
 	if to == "" {
 		return fmt.Errorf("-to is required: the address to forward to")
 	}
-	r, err := newRelay(k)
+	r, err := newRelay(k, noFlow)
 	if err != nil {
 		return err
 	}

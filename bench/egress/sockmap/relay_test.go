@@ -29,7 +29,7 @@ func needBPF(t *testing.T) *kernel {
 
 func newTestRelay(t *testing.T, k *kernel) *relay {
 	t.Helper()
-	r, err := newRelay(k)
+	r, err := newRelay(k, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The in-kernel floor: bench/egress/run.sh's clients against a direct
 # connection, the splice relay (`loadgen relay`, the "tcp relay (floor)"
-# row there) and this module's sockmap relay, in interleaved rounds, a
+# row there) and this module's sockmap relay (also without its flow
+# control, to show that control's cost), in interleaved rounds, a
 # direct run just before each relay's. Besides the ratios it prints CPU
 # time per operation of the relay process, of the upstream and the client
 # (the endpoints), and of the whole machine (/proc/stat): the sockmap
@@ -36,6 +37,9 @@ background() {
 background UP "$W/loadgen" upstream -dir "$W/upca"; UP_PID=${PIDS[-1]}
 background SPLICE "$W/loadgen" relay -to "$UP"; SPLICE_PID=${PIDS[-1]}
 background SOCKMAP "$W/sockmap" -to "$UP"; SOCKMAP_PID=${PIDS[-1]}
+# The same relay without its flow control: what bounding the kernel's
+# queue costs (unsafe for a gateway, see relay.go).
+background NOFLOW "$W/sockmap" -to "$UP" -unsafe-no-flow-control; NOFLOW_PID=${PIDS[-1]}
 
 TCK=$(getconf CLK_TCK)
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
@@ -67,6 +71,8 @@ for rnd in $(seq "$ROUNDS"); do
   measure "tcp relay (splice)|$rnd.s" "$SPLICE_PID" "$SPLICE"
   measure "direct|$rnd.k" - "$UP"
   measure "kernel sockmap relay|$rnd.k" "$SOCKMAP_PID" "$SOCKMAP"
+  measure "direct|$rnd.n" - "$UP"
+  measure "sockmap, no flow control|$rnd.n" "$NOFLOW_PID" "$NOFLOW"
 done
 echo "{\"mode\":\"load_end\",\"loadavg\":\"$(cut -d' ' -f1-3 /proc/loadavg)\"}" >>"$R"
 kill "$SOCKMAP_PID"; wait "$SOCKMAP_PID" 2>/dev/null || true
