@@ -7,7 +7,8 @@
 // section on in-kernel forwarding; it is no part of nixcage (its own Go
 // module, so github.com/cilium/ebpf is no dependency of nixcage).
 //
-// Like `loadgen relay` it prints its listen address as its first line. On
+// It has no flow control: what a receiver does not read waits in the
+// kernel without bound (relay.go, flow). Like `loadgen relay` it prints its listen address as its first line. On
 // SIGTERM it prints the byte counts it read from the kernel as JSON on
 // stderr. Needs root (or CAP_BPF+CAP_NET_ADMIN) and kernel >= 5.8.
 package main
@@ -28,16 +29,16 @@ func main() {
 	addr := flag.String("addr", "127.0.0.1:0", "listen address")
 	to := flag.String("to", "", "address every connection is forwarded to")
 	idle := flag.Duration("idle", 0, "close a pair when neither side received a byte for this long (tcp_info last_data_recv); 0: never")
-	noFlow := flag.Bool("unsafe-no-flow-control", false, "never pause a sender: the kernel then queues without bound what a non-reading receiver's peer sends (measures flow control's cost)")
+	pause := flag.Bool("unsafe-pause-senders", false, "pause a sender (out of the verdict map) while 16 MiB of its bytes wait for its peer: bounds the kernel's queue, which is otherwise unbounded, but loses bytes under load (relay.go, flow)")
 	check := flag.Bool("check", false, "only create the BPF objects and exit: 0 if this kernel and these privileges run the relay")
 	flag.Parse()
-	if err := run(*addr, *to, *idle, *noFlow, *check); err != nil {
+	if err := run(*addr, *to, *idle, *pause, *check); err != nil {
 		fmt.Fprintln(os.Stderr, "sockmap:", err)
 		os.Exit(1)
 	}
 }
 
-func run(addr, to string, idle time.Duration, noFlow, check bool) error {
+func run(addr, to string, idle time.Duration, pause, check bool) error {
 	k, err := newKernel()
 	if err != nil {
 		return err
@@ -49,7 +50,7 @@ func run(addr, to string, idle time.Duration, noFlow, check bool) error {
 	if to == "" {
 		return fmt.Errorf("-to is required: the address to forward to")
 	}
-	r, err := newRelay(k, noFlow)
+	r, err := newRelay(k, pause)
 	if err != nil {
 		return err
 	}

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # The in-kernel floor: bench/egress/run.sh's clients against a direct
 # connection, the splice relay (`loadgen relay`, the "tcp relay (floor)"
-# row there) and this module's sockmap relay (also without its flow
-# control, to show that control's cost), in interleaved rounds, a
+# row there) and this module's sockmap relay, in interleaved rounds, a
 # direct run just before each relay's. Besides the ratios it prints CPU
 # time per operation of the relay process, of the upstream and the client
 # (the endpoints), and of the whole machine (/proc/stat): the sockmap
@@ -12,6 +11,15 @@
 #   bench/egress/sockmap/run.sh          # 3 rounds, 2000 new connections,
 #                                        # 512 MiB bulk, 8 keep-alive for 5 s
 #   ROUNDS=1 N_LAT=300 bench/egress/sockmap/run.sh
+#   CHECK_PAUSE=1 bench/egress/sockmap/run.sh  # no table: 6 bulk GETs
+#                                        # through the relay with
+#                                        # -unsafe-pause-senders, each checked
+#                                        # by TLS (relay.go, flow)
+#   PROFILE=bulk bench/egress/sockmap/run.sh   # or keepalive: no table;
+#                                        # `perf record -a` of the whole
+#                                        # machine under that workload through
+#                                        # the sockmap relay, then the splice
+#                                        # relay: where every CPU's time goes
 #
 # Needs root (BPF sockmaps), go, python3. docs/performance.md, "In-kernel
 # forwarding (sockmap)", has its figures.
@@ -37,10 +45,35 @@ background() {
 background UP "$W/loadgen" upstream -dir "$W/upca"; UP_PID=${PIDS[-1]}
 background SPLICE "$W/loadgen" relay -to "$UP"; SPLICE_PID=${PIDS[-1]}
 background SOCKMAP "$W/sockmap" -to "$UP"; SOCKMAP_PID=${PIDS[-1]}
-# The same relay without its flow control: what bounding the kernel's
-# queue costs (unsafe for a gateway, see relay.go).
-background NOFLOW "$W/sockmap" -to "$UP" -unsafe-no-flow-control; NOFLOW_PID=${PIDS[-1]}
+if [ -n "${CHECK_PAUSE:-}" ]; then
+  background PAUSING "$W/sockmap" -to "$UP" -unsafe-pause-senders; PAUSING_PID=${PIDS[-1]}
+  bad=0
+  for i in 1 2 3 4 5 6; do "$W/loadgen" throughput -target "$PAUSING" -bytes "$BULK" >>"$W/pause.out" 2>&1 || bad=$((bad + 1)); done
+  kill "$PAUSING_PID"; wait "$PAUSING_PID" 2>/dev/null || true
+  grep -h 'loadgen:' "$W/pause.out" || true
+  echo "CHECK_PAUSE: $bad of 6 bulk GETs of $((BULK >> 20)) MiB failed through -unsafe-pause-senders, load $(cut -d' ' -f1-3 /proc/loadavg); the relay's counts: $(tail -1 "$W/bg.err")"
+  exit 0
+fi
 
+if [ -n "${PROFILE:-}" ]; then
+  command -v perf >/dev/null || { echo "PROFILE needs perf (apt-get install linux-perf)" >&2; exit 1; }
+  for via in "sockmap relay|$SOCKMAP" "splice relay|$SPLICE"; do
+    IFS='|' read -r name target <<<"$via"
+    case $PROFILE in
+      bulk) work=(throughput -target "$target" -bytes "$BULK") ;;
+      keepalive) work=(rps -target "$target" -c 8 -d "$KA_SECS") ;;
+      *) echo "PROFILE=$PROFILE: want bulk or keepalive" >&2; exit 2 ;;
+    esac
+    "$W/loadgen" "${work[@]}" >/dev/null # warm
+    perf record -a -g -F 999 -o "$W/perf.data" -- "$W/loadgen" "${work[@]}" >"$W/res.json" 2>"$W/perf.err" || { cat "$W/perf.err" >&2; exit 1; }
+    echo; echo "== $name, PROFILE=$PROFILE, load $(cut -d' ' -f1-3 /proc/loadavg): $(cat "$W/res.json")"
+    echo "share of all samples per command (both CPUs; idle is swapper):"
+    perf report -i "$W/perf.data" --sort comm --stdio -g none 2>/dev/null | grep -E '^ +[0-9]' | head -8
+    echo "self share per kernel/user symbol, top 25:"
+    perf report -i "$W/perf.data" --no-children --sort comm,sym --stdio -g none 2>/dev/null | grep -E '^ +[0-9]' | head -25
+  done
+  exit 0
+fi
 TCK=$(getconf CLK_TCK)
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 # All CPUs' busy time (user, nice, system, irq, softirq, steal).
@@ -71,8 +104,6 @@ for rnd in $(seq "$ROUNDS"); do
   measure "tcp relay (splice)|$rnd.s" "$SPLICE_PID" "$SPLICE"
   measure "direct|$rnd.k" - "$UP"
   measure "kernel sockmap relay|$rnd.k" "$SOCKMAP_PID" "$SOCKMAP"
-  measure "direct|$rnd.n" - "$UP"
-  measure "sockmap, no flow control|$rnd.n" "$NOFLOW_PID" "$NOFLOW"
 done
 echo "{\"mode\":\"load_end\",\"loadavg\":\"$(cut -d' ' -f1-3 /proc/loadavg)\"}" >>"$R"
 kill "$SOCKMAP_PID"; wait "$SOCKMAP_PID" 2>/dev/null || true
