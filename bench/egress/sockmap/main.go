@@ -41,7 +41,7 @@ func main() {
 func run(addr, to string, idle time.Duration, pause, check bool) error {
 	k, err := newKernel()
 	if err != nil {
-		return err
+		return fmt.Errorf("%w (BPF sockmaps need root, or CAP_BPF and CAP_NET_ADMIN, and kernel >= 5.8)", err)
 	}
 	defer k.Close()
 	if check {

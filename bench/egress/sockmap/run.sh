@@ -68,9 +68,9 @@ if [ -n "${PROFILE:-}" ]; then
     perf record -a -g -F 999 -o "$W/perf.data" -- "$W/loadgen" "${work[@]}" >"$W/res.json" 2>"$W/perf.err" || { cat "$W/perf.err" >&2; exit 1; }
     echo; echo "== $name, PROFILE=$PROFILE, load $(cut -d' ' -f1-3 /proc/loadavg): $(cat "$W/res.json")"
     echo "share of all samples per command (both CPUs; idle is swapper):"
-    perf report -i "$W/perf.data" --sort comm --stdio -g none 2>/dev/null | grep -E '^ +[0-9]' | head -8
+    perf report -i "$W/perf.data" --sort comm --stdio -g none 2>/dev/null | grep -E '^ +[0-9]' | head -8 || true
     echo "self share per kernel/user symbol, top 25:"
-    perf report -i "$W/perf.data" --no-children --sort comm,sym --stdio -g none 2>/dev/null | grep -E '^ +[0-9]' | head -25
+    perf report -i "$W/perf.data" --no-children --sort comm,sym --stdio -g none 2>/dev/null | grep -E '^ +[0-9]' | head -25 || true
   done
   exit 0
 fi
