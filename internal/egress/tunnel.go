@@ -132,9 +132,7 @@ func (g *Gateway) logOpen(rec audit.Record, t *target, reason string, start time
 }
 
 // splice copies both ways until both sides are done or the tunnel has been
-// idle (no byte in either direction) for idle. It copies in chunks with
-// io.CopyN so the kernel's splice(2) path stays in use between deadline
-// refreshes.
+// idle (no byte in either direction) for idle.
 func splice(client, up net.Conn, idle time.Duration) (out, in int64, err error) {
 	var last atomic.Int64
 	last.Store(time.Now().UnixNano())
@@ -161,16 +159,30 @@ func splice(client, up net.Conn, idle time.Duration) (out, in int64, err error) 
 	if errors.Is(errOut, errIdle) || errors.Is(errIn, errIdle) {
 		return out, in, errIdle
 	}
-	return out, in, errors.Join(errOut, errIn)
+	return out, in, errors.Join(notClosed(errOut), notClosed(errIn))
 }
 
-const chunk = 1 << 20
+// notClosed drops net.ErrClosed: a connection closed on this side (the
+// other direction's end, or a ban cutting the tunnel) ends a direction
+// without an error.
+func notClosed(err error) error {
+	if errors.Is(err, net.ErrClosed) {
+		return nil
+	}
+	return err
+}
 
+// pipe copies src to dst until src's EOF, an error, or idle without a
+// byte either way (last is the latest byte in either direction). The read
+// deadline is armed once and, when it fires, re-armed from last: a
+// deadline costs a timer update, so it is not refreshed per read (the
+// loop before refreshed it per 1 MiB chunk).
 func pipe(dst, src net.Conn, idle time.Duration, last *atomic.Int64) (int64, error) {
+	_ = src.SetReadDeadline(time.Now().Add(idle))
+	step := copier(dst, src)
 	var total int64
 	for {
-		_ = src.SetReadDeadline(time.Now().Add(idle))
-		n, err := io.CopyN(dst, src, chunk)
+		n, err := step()
 		total += n
 		if n > 0 {
 			last.Store(time.Now().UnixNano())
@@ -181,16 +193,47 @@ func pipe(dst, src net.Conn, idle time.Duration, last *atomic.Int64) (int64, err
 		case errors.Is(err, io.EOF):
 			return total, nil
 		case errors.Is(err, os.ErrDeadlineExceeded):
-			if time.Since(time.Unix(0, last.Load())) < idle {
+			at := time.Unix(0, last.Load())
+			if time.Since(at) < idle {
+				_ = src.SetReadDeadline(at.Add(idle))
 				continue
 			}
 			return total, errIdle
 		default:
-			if errors.Is(err, net.ErrClosed) {
-				return total, nil
-			}
+			// net.ErrClosed too: a ban closed one of the connections
+			// (bans.go: cut), and splice closes the other, so the
+			// direction still waiting ends now, not when the peer
+			// next sends.
 			return total, err
 		}
+	}
+}
+
+// copier returns the step pipe repeats: it waits until src has bytes and
+// moves what it has to dst, returning how many reached dst. Between two
+// sockets that is splice(2) through a pipe from a small shared pool
+// (splicer); otherwise (a connection that is not a socket, as tests'
+// net.Pipe) read/write through a buffer of respond.go's pool, held while
+// it waits: sockets hold nothing while they wait.
+func copier(dst, src net.Conn) func() (int64, error) {
+	if s, ok := newSplicer(dst, src); ok {
+		return s.step
+	}
+	return func() (int64, error) {
+		bp := copyBufs.Get().(*[]byte)
+		defer copyBufs.Put(bp)
+		n, err := src.Read(*bp)
+		if n > 0 {
+			w, werr := dst.Write((*bp)[:n])
+			if werr != nil {
+				return int64(w), werr
+			}
+			return int64(w), err
+		}
+		if err == nil {
+			err = io.ErrNoProgress
+		}
+		return 0, err
 	}
 }
 

@@ -1,0 +1,267 @@
+package egress
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// tcpPair is a connected pair of loopback TCP sockets: what the gateway
+// relays between (the agent's connection and the upstream's).
+func tcpPair(t *testing.T) (near, far net.Conn) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	acc := make(chan net.Conn, 1)
+	go func() {
+		c, _ := l.Accept()
+		acc <- c
+	}()
+	far, err = net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	near = <-acc
+	if near == nil {
+		t.Fatal("accept failed")
+	}
+	t.Cleanup(func() { near.Close(); far.Close() })
+	return near, far
+}
+
+type spliceResult struct {
+	out, in int64
+	err     error
+	took    time.Duration
+}
+
+// relayed starts splice between two fresh socket pairs and returns the
+// agent's and the upstream's ends and the relay's result.
+func relayed(t *testing.T, idle time.Duration) (agent, upstream net.Conn, res <-chan spliceResult) {
+	gwAgent, agent := tcpPair(t)
+	gwUp, upstream := tcpPair(t)
+	ch := make(chan spliceResult, 1)
+	go func() {
+		start := time.Now()
+		out, in, err := splice(gwAgent, gwUp, idle)
+		ch <- spliceResult{out, in, err, time.Since(start)}
+	}()
+	return agent, upstream, ch
+}
+
+func pattern(n int, seed byte) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = seed + byte(i*7+i/4096)
+	}
+	return b
+}
+
+// The copy loop carries every byte both ways, counts them for the close
+// record, and passes a half-close on: the agent's CloseWrite reaches the
+// upstream as EOF while the upstream's answer still flows back.
+func TestSpliceBytesAndHalfClose(t *testing.T) {
+	agent, upstream, res := relayed(t, time.Minute)
+	sendUp, sendDown := pattern(3<<20+17, 1), pattern(5<<20+3, 9)
+	go func() {
+		agent.Write(sendUp)
+		agent.(*net.TCPConn).CloseWrite()
+	}()
+	gotUp, err := io.ReadAll(upstream) // ends at the relayed half-close
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(gotUp, sendUp) {
+		t.Fatalf("upstream got %d bytes (sha %x), want %d", len(gotUp), sha256.Sum256(gotUp), len(sendUp))
+	}
+	go func() {
+		upstream.Write(sendDown)
+		upstream.Close()
+	}()
+	gotDown, err := io.ReadAll(agent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(gotDown, sendDown) {
+		t.Fatalf("agent got %d bytes, want %d", len(gotDown), len(sendDown))
+	}
+	r := <-res
+	if r.err != nil || r.out != int64(len(sendUp)) || r.in != int64(len(sendDown)) {
+		t.Fatalf("splice = out %d in %d err %v; want out %d in %d, no error", r.out, r.in, r.err, len(sendUp), len(sendDown))
+	}
+}
+
+// Many small messages each way, as a keep-alive tunnel carries: each is
+// relayed as it comes (nothing waits for a buffer to fill).
+func TestSpliceSmallMessagesRoundTrip(t *testing.T) {
+	agent, upstream, res := relayed(t, time.Minute)
+	go func() {
+		buf := make([]byte, 512)
+		for {
+			n, err := upstream.Read(buf)
+			if err != nil {
+				upstream.Close()
+				return
+			}
+			upstream.Write(bytes.ToUpper(buf[:n]))
+		}
+	}()
+	buf := make([]byte, 512)
+	var sent int64
+	for i := range 2000 {
+		msg := []byte(strings.Repeat("ping", 1+i%50))
+		agent.SetReadDeadline(time.Now().Add(10 * time.Second))
+		agent.Write(msg)
+		sent += int64(len(msg))
+		n, err := io.ReadFull(agent, buf[:len(msg)])
+		if err != nil || !bytes.Equal(buf[:n], bytes.ToUpper(msg)) {
+			t.Fatalf("round trip %d: %q, %v", i, buf[:n], err)
+		}
+	}
+	agent.(*net.TCPConn).CloseWrite()
+	r := <-res
+	if r.err != nil || r.out != sent || r.in != sent {
+		t.Fatalf("splice = out %d in %d err %v; want %d each way", r.out, r.in, r.err, sent)
+	}
+}
+
+// The idle timeout counts bytes in either direction: a download whose
+// upload direction is quiet for longer than idle stays open, and the
+// tunnel closes once neither direction has carried a byte for idle.
+func TestSpliceIdleTimeoutEitherDirection(t *testing.T) {
+	const idle = 300 * time.Millisecond
+	agent, upstream, res := relayed(t, idle)
+	go io.Copy(io.Discard, agent)
+	start := time.Now()
+	for time.Since(start) < 4*idle {
+		if _, err := upstream.Write([]byte("tick")); err != nil {
+			t.Fatalf("write after %v: %v", time.Since(start), err)
+		}
+		select {
+		case r := <-res:
+			t.Fatalf("tunnel closed after %v while the upstream sent every %v: %+v", r.took, idle/3, r)
+		case <-time.After(idle / 3):
+		}
+	}
+	select {
+	case r := <-res:
+		if !errors.Is(r.err, errIdle) || r.in == 0 || r.in%4 != 0 || r.took < 4*idle {
+			t.Fatalf("splice = %+v; want the idle timeout after the ticks (%v)", r, 4*idle)
+		}
+	case <-time.After(idle + 5*time.Second):
+		t.Fatal("tunnel still open long after it went idle")
+	}
+}
+
+// Closing the agent's connection while the tunnel waits, as a ban does
+// (bans.go: cut), ends the relay at once without an error, the upstream
+// side included: before, the direction reading the upstream waited until
+// the upstream next sent or hung up.
+func TestSpliceEndsWhenClosedFromOutside(t *testing.T) {
+	gwAgent, agent := tcpPair(t)
+	gwUp, upstream := tcpPair(t)
+	res := make(chan error, 1)
+	go func() {
+		_, _, err := splice(gwAgent, gwUp, time.Minute)
+		res <- err
+	}()
+	time.Sleep(100 * time.Millisecond)
+	gwAgent.Close()
+	select {
+	case err := <-res:
+		if err != nil {
+			t.Fatalf("splice after close: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("relay still running 5 s after its connection was closed")
+	}
+	// The gateway's side of the upstream connection is closed too.
+	upstream.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := upstream.Read(make([]byte, 1)); err != io.EOF {
+		t.Fatalf("upstream read after the cut = %d, %v; want EOF", n, err)
+	}
+	agent.Close()
+}
+
+// pipeFDs counts this process's open pipe descriptors.
+func pipeFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skipf("no /proc/self/fd: %v", err)
+	}
+	n := 0
+	for _, e := range ents {
+		if l, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && strings.HasPrefix(l, "pipe:") {
+			n++
+		}
+	}
+	return n
+}
+
+// An idle tunnel holds no kernel pipe (nor buffer): pipes come from a
+// small pool only while bytes move. Before, io.CopyN between the two
+// sockets held a splice pipe per direction for as long as the tunnel was
+// open, two pipes (four descriptors) per idle tunnel.
+func TestIdleTunnelsHoldNoPipes(t *testing.T) {
+	const tunnels = 64
+	before := pipeFDs(t)
+	type ends struct{ agent, upstream net.Conn }
+	var all []ends
+	for range tunnels {
+		a, u, _ := relayed(t, time.Minute)
+		all = append(all, ends{a, u})
+	}
+	// One message each way first, so every direction has spliced.
+	buf := make([]byte, 5)
+	for _, e := range all {
+		e.agent.Write([]byte("hello"))
+		if _, err := io.ReadFull(e.upstream, buf); err != nil {
+			t.Fatal(err)
+		}
+		e.upstream.Write([]byte("world"))
+		if _, err := io.ReadFull(e.agent, buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
+	if held := pipeFDs(t) - before; held > 2*maxFreePipes {
+		t.Fatalf("%d idle tunnels hold %d pipe descriptors; want at most the pool's %d", tunnels, held, 2*maxFreePipes)
+	}
+}
+
+// A connection that is not a socket (net.Pipe) is copied with read/write:
+// bytes and the idle timeout alike.
+func TestSpliceNonSocketFallback(t *testing.T) {
+	gwAgent, agent := net.Pipe()
+	gwUp, upstream := net.Pipe()
+	defer agent.Close()
+	defer upstream.Close()
+	res := make(chan spliceResult, 1)
+	go func() {
+		out, in, err := splice(gwAgent, gwUp, 200*time.Millisecond)
+		res <- spliceResult{out: out, in: in, err: err}
+	}()
+	go agent.Write([]byte("over a pipe"))
+	buf := make([]byte, 11)
+	if _, err := io.ReadFull(upstream, buf); err != nil || string(buf) != "over a pipe" {
+		t.Fatalf("upstream read %q, %v", buf, err)
+	}
+	select {
+	case r := <-res:
+		if !errors.Is(r.err, errIdle) || r.out != 11 {
+			t.Fatalf("splice = %+v; want the idle timeout after 11 bytes out", r)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no idle timeout over net.Pipe")
+	}
+}
