@@ -69,6 +69,12 @@ if [ -n "${PROFILE:-}" ]; then
     echo; echo "== $name, PROFILE=$PROFILE, load $(cut -d' ' -f1-3 /proc/loadavg): $(cat "$W/res.json")"
     echo "share of all samples per command (both CPUs; idle is swapper):"
     perf report -i "$W/perf.data" --sort comm --stdio -g none 2>/dev/null | grep -E '^ +[0-9]' | head -8 || true
+    # Delayed-work timers armed: sk_psock_backlog re-queues itself one
+    # jiffy later whenever the peer's send buffer is full (-EAGAIN), and a
+    # write-space wake-up cannot shorten that delay. One more run, counted.
+    fn=$(awk '$3 == "delayed_work_timer_fn" {print $1; exit}' /proc/kallsyms)
+    perf stat -a -x, -e timer:timer_start --filter "function == 0x$fn" -o "$W/stat.txt" -- "$W/loadgen" "${work[@]}" >"$W/res2.json" 2>/dev/null || true
+    echo "delayed-work timers armed on all CPUs in a second run ($(cat "$W/res2.json")): $(grep timer_start "$W/stat.txt" | cut -d, -f1)"
     echo "self share per kernel/user symbol, top 25:"
     perf report -i "$W/perf.data" --no-children --sort comm,sym --stdio -g none 2>/dev/null | grep -E '^ +[0-9]' | head -25 || true
   done
