@@ -265,3 +265,35 @@ func TestSpliceNonSocketFallback(t *testing.T) {
 		t.Fatal("no idle timeout over net.Pipe")
 	}
 }
+
+// Waiting to write counts against idle as waiting to read does: a tunnel
+// whose agent half-closed and stopped reading, under an upstream that
+// keeps sending, goes idle (before, the write had no deadline and the
+// relay never ended), and the bytes counted in are the ones the agent's
+// socket got.
+func TestSpliceIdleWhileWaitingToWrite(t *testing.T) {
+	const idle = 300 * time.Millisecond
+	agent, upstream, res := relayed(t, idle)
+	go func() {
+		buf := make([]byte, 64<<10)
+		for {
+			if _, err := upstream.Write(buf); err != nil {
+				return
+			}
+		}
+	}()
+	agent.(*net.TCPConn).CloseWrite()
+	select {
+	case r := <-res:
+		if !errors.Is(r.err, errIdle) || r.in == 0 {
+			t.Fatalf("splice = %+v; want the idle timeout", r)
+		}
+		agent.SetReadDeadline(time.Now().Add(10 * time.Second))
+		n, err := io.Copy(io.Discard, agent)
+		if err != nil || n != r.in {
+			t.Fatalf("agent read %d bytes (%v) after the cut; the relay counted %d in", n, err, r.in)
+		}
+	case <-time.After(idle + 5*time.Second):
+		t.Fatal("relay still open long after nothing moved either way")
+	}
+}
