@@ -41,6 +41,13 @@
 # CONNECT, no policy, no log), which the clients reach as the upstream;
 # "splice" is io.Copy between TCP connections (splice(2)), "rw" plain
 # read/write through a 64 KiB buffer. The floor is the better of the two.
+# The "kernel sockmap relay" row is bench/egress/sockmap, its own module: the
+# same hop with the bytes forwarded in the kernel (two BPF sockmaps and an
+# SK_SKB verdict program), user space woken per connection only. Its proxy
+# CPU is near 0: softirq and kernel workers (sk_psock_backlog) do its work,
+# which no /proc/PID/stat here counts (bench/egress/sockmap/run.sh reads the
+# machine's /proc/stat for it). Skipped, with the reason, where BPF
+# sockmaps cannot be made (not root, an old kernel).
 #
 # The third table is the CPU accounting of the tunnel workloads: the CPU
 # the client and the upstream used per operation over the measured window
@@ -75,6 +82,12 @@ echo "== building" >&2
 # -tags netgo as nix/package.nix builds it: a static cage-egress, no libc.
 (cd "$ROOT" && go build -tags netgo -o "$W/cage-egress" ./cmd/cage-egress && go build -o "$W/loadgen" ./bench/egress/loadgen)
 (cd "$ROOT/bench/egress/goproxy" && go build -o "$W/goproxy" .)
+KRELAY_OK=
+if (cd "$ROOT/bench/egress/sockmap" && go build -o "$W/sockmap" .) 2>"$W/sockmap.err" && "$W/sockmap" -check 2>>"$W/sockmap.err"; then
+  KRELAY_OK=1
+else
+  echo "kernel sockmap relay cannot run here; skipping its row: $(tail -1 "$W/sockmap.err")" >&2
+fi
 if [ -n "${BASE_EGRESS:-}" ]; then cp "$BASE_EGRESS" "$W/cage-egress-base"; fi
 [ -n "${PROFILE:-}" ] && SMOKESCREEN=${SMOKESCREEN:-none}
 if [ -z "${PROFILE:-}" ] && ! command -v squid >/dev/null && command -v apt-get >/dev/null; then
@@ -126,6 +139,10 @@ background RELAY "$W/loadgen" relay -to "127.0.0.1:$UP_PORT" -copy splice
 RELAY_PID=${PIDS[-1]}
 background RELAYRW "$W/loadgen" relay -to "127.0.0.1:$UP_PORT" -copy rw -buf $((64 << 10))
 RELAYRW_PID=${PIDS[-1]}
+if [ -n "$KRELAY_OK" ]; then
+  background KRELAY "$W/sockmap" -to "127.0.0.1:$UP_PORT"
+  KRELAY_PID=${PIDS[-1]}
+fi
 background DNSUP "$W/loadgen" dns -addr "$DNS"
 [ "$DNSUP" = "$DNS" ] || { echo "bench resolver did not start on $DNS: $(cat "$W/bg.err")" >&2; exit 1; }
 
@@ -209,6 +226,7 @@ stop_proxy() { kill "$PROXY_PID" 2>/dev/null || true; wait "$PROXY_PID" 2>/dev/n
 peers=("cage-egress|name ip")
 [ -n "${BASE_EGRESS:-}" ] && peers+=("cage-egress-base|name")
 peers+=("tcp relay splice|floor" "tcp relay rw|floor")
+[ -n "$KRELAY_OK" ] && peers+=("kernel sockmap relay|floor")
 [ -n "$SQUID" ] && peers+=("squid|name ip")
 peers+=("goproxy|name ip")
 [ "$SMOKE_BIN" != none ] && peers+=("smokescreen|name ip")
@@ -217,6 +235,7 @@ if [ "${ONLY:-}" = tunnel ]; then
   peers=("cage-egress|name")
   [ -n "${BASE_EGRESS:-}" ] && peers+=("cage-egress-base|name")
   peers+=("tcp relay splice|floor" "tcp relay rw|floor")
+  [ -n "$KRELAY_OK" ] && peers+=("kernel sockmap relay|floor")
   [ -n "$SQUID" ] && peers+=("squid|name")
 fi
 
@@ -286,6 +305,7 @@ for rnd in $(seq "$ROUNDS"); do
         # The relay is the upstream as far as the clients know.
         case $name in
           *splice) measure "$label" "$RELAY_PID" -target "$RELAY" ;;
+          kernel*) measure "$label" "$KRELAY_PID" -target "$KRELAY" ;;
           *) measure "$label" "$RELAYRW_PID" -target "$RELAYRW" ;;
         esac
         continue
