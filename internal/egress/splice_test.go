@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -295,5 +296,41 @@ func TestSpliceIdleWhileWaitingToWrite(t *testing.T) {
 		}
 	case <-time.After(idle + 5*time.Second):
 		t.Fatal("relay still open long after nothing moved either way")
+	}
+}
+
+// A slow but steady reader is not idle: the bytes a pump moves as the
+// reader makes room count, not only a whole pipe-full once it is written
+// (before, the relay cut such a tunnel at the idle timeout while bytes
+// moved: a pipe-full of 1 MiB took this reader 5 s). The gateway's send
+// buffer is kept small so the gateway sees the room the reader makes: it
+// cannot see a reader draining that buffer itself, so a reader slower than
+// half of it per idle timeout still looks idle (docs/egress.md).
+func TestSpliceSlowReaderIsNotIdle(t *testing.T) {
+	const idle = time.Second
+	gwAgent, agent := tcpPair(t)
+	gwUp, upstream := tcpPair(t)
+	for c, opt := range map[net.Conn][2]int{gwAgent: {syscall.SO_SNDBUF, 4096}, agent: {syscall.SO_RCVBUF, 4096}, gwUp: {syscall.SO_RCVBUF, 4 << 20}} {
+		rc, _ := c.(*net.TCPConn).SyscallConn()
+		rc.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, opt[0], opt[1]) })
+	}
+	go upstream.Write(make([]byte, 4<<20))
+	time.Sleep(200 * time.Millisecond) // so the first drain takes a pipe-full
+	res := make(chan spliceResult, 1)
+	go func() {
+		out, in, err := splice(gwAgent, gwUp, idle)
+		res <- spliceResult{out: out, in: in, err: err}
+	}()
+	buf := make([]byte, 2048)
+	for end := time.Now().Add(3 * idle); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		agent.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.ReadFull(agent, buf); err != nil {
+			t.Fatalf("reader cut off while reading 2 KiB every 10 ms: %v", err)
+		}
+		select {
+		case r := <-res:
+			t.Fatalf("relay ended while the reader read steadily: %+v", r)
+		default:
+		}
 	}
 }
