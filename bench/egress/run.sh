@@ -14,6 +14,8 @@
 #   PROFILE=latency bench/egress/run.sh   # or bulk, keepalive, icpt: strace
 #                                  # and perf of cage-egress under one
 #                                  # workload instead of the table
+#   PROFILE=keepalive PROFILE_OF=relay bench/egress/run.sh  # the same of a
+#                                  # floor relay (relay: splice, relay-rw)
 #   BASE_EGRESS=/path/cage-egress bench/egress/run.sh
 #                                  # also measures that build (rows
 #                                  # "cage-egress-base") in the same rounds:
@@ -259,7 +261,19 @@ if [ -n "${PROFILE:-}" ]; then
     esac
   }
   PORT=$((PORT + 1)); name=cage-egress; [ "$PROFILE" = icpt ] && name=cage-egress-icpt
-  start_proxy "$name" "$PORT"
+  case ${PROFILE_OF:-cage-egress} in
+    cage-egress) start_proxy "$name" "$PORT" ;;
+    relay|relay-rw)
+      case $PROFILE in bulk|keepalive) ;; *) echo "PROFILE_OF=$PROFILE_OF: bulk or keepalive only" >&2; exit 2 ;; esac
+      PROXY_PID=$RELAY_PID; RELAY_TO=$RELAY
+      [ "$PROFILE_OF" = relay-rw ] && PROXY_PID=$RELAYRW_PID RELAY_TO=$RELAYRW
+      # A floor relay is the upstream as far as the client knows.
+      work() {
+        if [ "$PROFILE" = bulk ]; then lg throughput -label p -target "$RELAY_TO" -bytes "$BULK"
+        else lg rps -label p -target "$RELAY_TO" -c 8 -d "$KA_SECS"; fi
+      } ;;
+    *) echo "PROFILE_OF=$PROFILE_OF: want cage-egress, relay or relay-rw" >&2; exit 2 ;;
+  esac
   work
   strace -c -f -p "$PROXY_PID" -o "$W/strace.txt" 2>/dev/null & SP=$!; sleep 1; work; sleep 0.5; kill -INT $SP; wait $SP || true
   perf record -F 999 -g -p "$PROXY_PID" -o "$W/perf.data" 2>/dev/null & PP=$!; sleep 1; work; kill -INT $PP; wait $PP || true
@@ -271,6 +285,14 @@ if [ -n "${PROFILE:-}" ]; then
   perf report -i "$W/perf.data" --children --sort sym --stdio -g none 2>/dev/null | grep -E '\[\.\]' | head -45 || true  # head closes the pipe early
   echo; echo "perf: self share per symbol, kernel included (time in the kernel's context switch is a thread the gateway put to sleep and woke):"
   perf report -i "$W/perf.data" --no-children --sort sym --stdio -g none 2>/dev/null | grep -E '\[[.k]\]' | head -12 || true
+  # Where the kernel time goes, cumulative (a frame's share includes what
+  # it called): sending into loopback TCP (tcp_sendmsg, splice_to_socket),
+  # the receive side run inline by the sender (__netif_receive_skb,
+  # tcp_v4_rcv), copies, and the scheduler. In a VM without a PMU perf
+  # samples on a timer, so time with interrupts off lands on the frame
+  # that turns them back on (finish_task_switch, _raw_spin_unlock_irqrestore).
+  echo; echo "perf: cumulative share per kernel frame:"
+  perf report -i "$W/perf.data" --children --sort sym --stdio -g none 2>/dev/null | grep -E '\[k\]' | head -40 || true
   exit 0
 fi
 # direct SLOT: the direct figures right before one proxy's, so each ratio

@@ -235,7 +235,9 @@ func TestIdleTunnelsHoldNoPipes(t *testing.T) {
 		}
 	}
 	time.Sleep(100 * time.Millisecond)
-	if held := pipeFDs(t) - before; held > 2*maxFreePipes {
+	held := pipeFDs(t) - before
+	t.Logf("%d idle tunnels hold %d pipe descriptors", tunnels, held)
+	if held > 2*maxFreePipes {
 		t.Fatalf("%d idle tunnels hold %d pipe descriptors; want at most the pool's %d", tunnels, held, 2*maxFreePipes)
 	}
 }
