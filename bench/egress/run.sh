@@ -14,6 +14,8 @@
 #   PROFILE=latency bench/egress/run.sh   # or bulk, keepalive, icpt: strace
 #                                  # and perf of cage-egress under one
 #                                  # workload instead of the table
+#   PROFILE=keepalive PROFILE_OF=relay bench/egress/run.sh  # the same of a
+#                                  # floor relay (relay: splice, relay-rw)
 #   BASE_EGRESS=/path/cage-egress bench/egress/run.sh
 #                                  # also measures that build (rows
 #                                  # "cage-egress-base") in the same rounds:
@@ -41,6 +43,13 @@
 # CONNECT, no policy, no log), which the clients reach as the upstream;
 # "splice" is io.Copy between TCP connections (splice(2)), "rw" plain
 # read/write through a 64 KiB buffer. The floor is the better of the two.
+# The "kernel sockmap relay" row is bench/egress/sockmap, its own module: the
+# same hop with the bytes forwarded in the kernel (two BPF sockmaps and an
+# SK_SKB verdict program), user space woken per connection only. Its proxy
+# CPU is near 0: softirq and kernel workers (sk_psock_backlog) do its work,
+# which no /proc/PID/stat here counts (bench/egress/sockmap/run.sh reads the
+# machine's /proc/stat for it). Skipped, with the reason, where BPF
+# sockmaps cannot be made (not root, an old kernel).
 #
 # The third table is the CPU accounting of the tunnel workloads: the CPU
 # the client and the upstream used per operation over the measured window
@@ -75,6 +84,12 @@ echo "== building" >&2
 # -tags netgo as nix/package.nix builds it: a static cage-egress, no libc.
 (cd "$ROOT" && go build -tags netgo -o "$W/cage-egress" ./cmd/cage-egress && go build -o "$W/loadgen" ./bench/egress/loadgen)
 (cd "$ROOT/bench/egress/goproxy" && go build -o "$W/goproxy" .)
+KRELAY_OK=
+if (cd "$ROOT/bench/egress/sockmap" && go build -o "$W/sockmap" .) 2>"$W/sockmap.err" && "$W/sockmap" -check 2>>"$W/sockmap.err"; then
+  KRELAY_OK=1
+else
+  echo "kernel sockmap relay cannot run here; skipping its row: $(tail -1 "$W/sockmap.err")" >&2
+fi
 if [ -n "${BASE_EGRESS:-}" ]; then cp "$BASE_EGRESS" "$W/cage-egress-base"; fi
 [ -n "${PROFILE:-}" ] && SMOKESCREEN=${SMOKESCREEN:-none}
 if [ -z "${PROFILE:-}" ] && ! command -v squid >/dev/null && command -v apt-get >/dev/null; then
@@ -126,6 +141,10 @@ background RELAY "$W/loadgen" relay -to "127.0.0.1:$UP_PORT" -copy splice
 RELAY_PID=${PIDS[-1]}
 background RELAYRW "$W/loadgen" relay -to "127.0.0.1:$UP_PORT" -copy rw -buf $((64 << 10))
 RELAYRW_PID=${PIDS[-1]}
+if [ -n "$KRELAY_OK" ]; then
+  background KRELAY "$W/sockmap" -to "127.0.0.1:$UP_PORT"
+  KRELAY_PID=${PIDS[-1]}
+fi
 background DNSUP "$W/loadgen" dns -addr "$DNS"
 [ "$DNSUP" = "$DNS" ] || { echo "bench resolver did not start on $DNS: $(cat "$W/bg.err")" >&2; exit 1; }
 
@@ -209,6 +228,7 @@ stop_proxy() { kill "$PROXY_PID" 2>/dev/null || true; wait "$PROXY_PID" 2>/dev/n
 peers=("cage-egress|name ip")
 [ -n "${BASE_EGRESS:-}" ] && peers+=("cage-egress-base|name")
 peers+=("tcp relay splice|floor" "tcp relay rw|floor")
+[ -n "$KRELAY_OK" ] && peers+=("kernel sockmap relay|floor")
 [ -n "$SQUID" ] && peers+=("squid|name ip")
 peers+=("goproxy|name ip")
 [ "$SMOKE_BIN" != none ] && peers+=("smokescreen|name ip")
@@ -217,6 +237,7 @@ if [ "${ONLY:-}" = tunnel ]; then
   peers=("cage-egress|name")
   [ -n "${BASE_EGRESS:-}" ] && peers+=("cage-egress-base|name")
   peers+=("tcp relay splice|floor" "tcp relay rw|floor")
+  [ -n "$KRELAY_OK" ] && peers+=("kernel sockmap relay|floor")
   [ -n "$SQUID" ] && peers+=("squid|name")
 fi
 
@@ -240,7 +261,19 @@ if [ -n "${PROFILE:-}" ]; then
     esac
   }
   PORT=$((PORT + 1)); name=cage-egress; [ "$PROFILE" = icpt ] && name=cage-egress-icpt
-  start_proxy "$name" "$PORT"
+  case ${PROFILE_OF:-cage-egress} in
+    cage-egress) start_proxy "$name" "$PORT" ;;
+    relay|relay-rw)
+      case $PROFILE in bulk|keepalive) ;; *) echo "PROFILE_OF=$PROFILE_OF: bulk or keepalive only" >&2; exit 2 ;; esac
+      PROXY_PID=$RELAY_PID; RELAY_TO=$RELAY
+      [ "$PROFILE_OF" = relay-rw ] && PROXY_PID=$RELAYRW_PID RELAY_TO=$RELAYRW
+      # A floor relay is the upstream as far as the client knows.
+      work() {
+        if [ "$PROFILE" = bulk ]; then lg throughput -label p -target "$RELAY_TO" -bytes "$BULK"
+        else lg rps -label p -target "$RELAY_TO" -c 8 -d "$KA_SECS"; fi
+      } ;;
+    *) echo "PROFILE_OF=$PROFILE_OF: want cage-egress, relay or relay-rw" >&2; exit 2 ;;
+  esac
   work
   strace -c -f -p "$PROXY_PID" -o "$W/strace.txt" 2>/dev/null & SP=$!; sleep 1; work; sleep 0.5; kill -INT $SP; wait $SP || true
   perf record -F 999 -g -p "$PROXY_PID" -o "$W/perf.data" 2>/dev/null & PP=$!; sleep 1; work; kill -INT $PP; wait $PP || true
@@ -252,6 +285,14 @@ if [ -n "${PROFILE:-}" ]; then
   perf report -i "$W/perf.data" --children --sort sym --stdio -g none 2>/dev/null | grep -E '\[\.\]' | head -45 || true  # head closes the pipe early
   echo; echo "perf: self share per symbol, kernel included (time in the kernel's context switch is a thread the gateway put to sleep and woke):"
   perf report -i "$W/perf.data" --no-children --sort sym --stdio -g none 2>/dev/null | grep -E '\[[.k]\]' | head -12 || true
+  # Where the kernel time goes, cumulative (a frame's share includes what
+  # it called): sending into loopback TCP (tcp_sendmsg, splice_to_socket),
+  # the receive side run inline by the sender (__netif_receive_skb,
+  # tcp_v4_rcv), copies, and the scheduler. In a VM without a PMU perf
+  # samples on a timer, so time with interrupts off lands on the frame
+  # that turns them back on (finish_task_switch, _raw_spin_unlock_irqrestore).
+  echo; echo "perf: cumulative share per kernel frame:"
+  perf report -i "$W/perf.data" --children --sort sym --stdio -g none 2>/dev/null | grep -E '\[k\]' | head -40 || true
   exit 0
 fi
 # direct SLOT: the direct figures right before one proxy's, so each ratio
@@ -286,6 +327,7 @@ for rnd in $(seq "$ROUNDS"); do
         # The relay is the upstream as far as the clients know.
         case $name in
           *splice) measure "$label" "$RELAY_PID" -target "$RELAY" ;;
+          kernel*) measure "$label" "$KRELAY_PID" -target "$KRELAY" ;;
           *) measure "$label" "$RELAYRW_PID" -target "$RELAYRW" ;;
         esac
         continue
