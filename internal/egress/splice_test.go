@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -333,6 +334,73 @@ func TestSpliceSlowReaderIsNotIdle(t *testing.T) {
 		case r := <-res:
 			t.Fatalf("relay ended while the reader read steadily: %+v", r)
 		default:
+		}
+	}
+}
+
+// Pipes from the pool carry one tunnel's bytes only: many relays at once
+// (more than the pool holds), a third of them reset by the agent and a
+// third by the upstream mid-transfer (their pipes may hold bytes then),
+// and every end receives a prefix of exactly what its own peer sent, in
+// both directions: never a byte of another tunnel.
+func TestSplicePipesNeverMixTunnels(t *testing.T) {
+	const tunnels, size = 3 * maxFreePipes, 1 << 20
+	mine := func(id, dir int) []byte {
+		b := make([]byte, size)
+		for i := range b {
+			b[i] = byte(id*2+dir) ^ byte(i*7+i>>12)
+		}
+		return b
+	}
+	reset := func(c net.Conn) {
+		c.(*net.TCPConn).SetLinger(0)
+		c.Close()
+	}
+	errs := make(chan error, 2*tunnels)
+	for id := range tunnels {
+		agent, upstream, res := relayed(t, 10*time.Second)
+		up, down := mine(id, 0), mine(id, 1)
+		// receive reads c until it ends, checking it got a prefix of
+		// want; the id%3 == who end resets after half.
+		receive := func(c net.Conn, want []byte, who int, name string) {
+			c.SetReadDeadline(time.Now().Add(20 * time.Second))
+			got := make([]byte, 0, size)
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := c.Read(buf)
+				got = append(got, buf[:n]...)
+				if id%3 == who && len(got) > size/2 {
+					reset(c)
+					break
+				}
+				if err != nil {
+					break
+				}
+			}
+			if !bytes.Equal(got, want[:len(got)]) {
+				i := 0
+				for i < len(got) && got[i] == want[i] {
+					i++
+				}
+				errs <- fmt.Errorf("tunnel %d: %s got %d bytes, not what its peer sent from byte %d on", id, name, len(got), i)
+				return
+			}
+			errs <- nil
+		}
+		go func() { agent.Write(up); agent.(*net.TCPConn).CloseWrite() }()
+		go func() { upstream.Write(down); upstream.(*net.TCPConn).CloseWrite() }()
+		go receive(upstream, up, 1, "upstream")
+		go receive(agent, down, 2, "agent")
+		go func() { <-res }()
+	}
+	for range 2 * tunnels {
+		select {
+		case err := <-errs:
+			if err != nil {
+				t.Error(err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("relays still running 30 s on")
 		}
 	}
 }
