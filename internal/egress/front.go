@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -37,10 +36,7 @@ type frontListener struct {
 	conns   chan net.Conn
 	done    chan struct{}
 	err     error // why the accept loop ended; read after done
-	failed  sync.Once
 	closing sync.Once
-	// waiting counts the workers in (or about to call) Accept (loop).
-	waiting atomic.Int64
 }
 
 func (l *frontListener) Accept() (net.Conn, error) {
@@ -60,25 +56,11 @@ func (l *frontListener) Close() error {
 	return err
 }
 
-// loop is one of the front end's workers. It accepts a connection and
-// serves it on its own goroutine, once another worker waits in Accept
-// (one is started when none is left), then accepts again unless enough
-// others already wait; it ends when the listener fails or is closed. A
+// loop accepts connections until the listener fails or is closed. A
 // temporary error (out of file descriptors) is retried with a backoff, as
 // net/http's server does.
-//
-// Why workers, not a goroutine per connection as net/http has it: the
-// goroutine that accepted a connection is the one already running, so it
-// reads the CONNECT with no futex wake-up and thread hand-off in between
-// (a new goroutine waits for a thread, and the one that waits should be
-// the next accept, not the agent's request); and a worker keeps the stack
-// that crypto/tls grew past 16 KiB parsing the ClientHello, which a fresh
-// goroutine grew and copied twice on every tunnel (runtime.morestack
-// 3.7% of the gateway's CPU; docs/performance.md, issue 20). Nothing of a
-// connection outlives serve: a worker carries no state between them.
 func (l *frontListener) loop() {
 	var backoff time.Duration
-	l.waiting.Add(1)
 	for {
 		c, err := l.Listener.Accept()
 		if err != nil {
@@ -89,11 +71,8 @@ func (l *frontListener) loop() {
 				time.Sleep(backoff)
 				continue
 			}
-			l.waiting.Add(-1)
-			l.failed.Do(func() {
-				l.err = err
-				close(l.done)
-			})
+			l.err = err
+			close(l.done)
 			return
 		}
 		backoff = 0
@@ -102,34 +81,7 @@ func (l *frontListener) loop() {
 			l.g.refuseConn(c, n, limit)
 			continue
 		}
-		if l.waiting.Add(-1) == 0 {
-			go l.loop()
-		}
-		l.serve(&auditConn{Conn: c, g: l.g, start: time.Now(), release: release})
-		if !l.rejoin() {
-			return
-		}
-	}
-}
-
-// maxWaiting bounds the workers left waiting in Accept after a burst of
-// connections; the others end. Two are enough for one agent's new
-// tunnels one after another (one serves while the other accepts), and
-// leave one goroutine more than a single accept loop would.
-const maxWaiting = 2
-
-// rejoin counts a worker back among those waiting in Accept, unless
-// maxWaiting already are. Only a worker counted waits: one that saw
-// the count at zero has started another (loop).
-func (l *frontListener) rejoin() bool {
-	for {
-		w := l.waiting.Load()
-		if w >= maxWaiting {
-			return false
-		}
-		if l.waiting.CompareAndSwap(w, w+1) {
-			return true
-		}
+		go l.serve(&auditConn{Conn: c, g: l.g, start: time.Now(), release: release})
 	}
 }
 
