@@ -13,6 +13,8 @@
 #                                                 # relay and cage-egress with
 #                                                 # GODEBUG=schedtrace=2147483647 (see below)
 #   ROUNDS=3 N=2000                               # the defaults (~1 minute a round)
+#   SYSMON=1 ROUNDS=0                             # only the idle cost of the rows
+#                                                 # "+no-sysmon-sleep" (2 x IDLE_SECS=10)
 #
 # Each new-tunnel GET is TCP connect + CONNECT + 200 + TLS handshake + GET +
 # response (loadgen latency), sequential, as in run.sh's first column.
@@ -27,7 +29,7 @@
 # until the process is idle again, which a proxy serving one request at a
 # time does several times per tunnel. The rows with it show what that
 # costs; it is a measurement, not a setting cage-egress uses
-# (docs/performance.md, "new-tunnel latency: where the time goes").
+# (docs/performance.md, "New-tunnel latency (issue 20), fourth pass").
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 W=$(mktemp -d /tmp/egress-latency.XXXXXX)
@@ -125,6 +127,20 @@ for rnd in $(seq "$ROUNDS"); do
   done
 done
 echo "{\"mode\":\"load\",\"loadavg\":\"$(cut -d' ' -f1-3 /proc/loadavg)\",\"end\":true}" >>"$R"
+# SYSMON=1: what sysmon's deep sleep saves an idle gateway, the other side
+# of the trade: a fresh cage-egress left idle for IDLE_SECS, with and
+# without it.
+if [ -n "${SYSMON:-}" ]; then
+  echo "== idle cage-egress, ${IDLE_SECS:=10} s each" >&2
+  for envs in "" "$NOSLEEP"; do
+    PORT=$((PORT + 1))
+    env $envs "$W/cage-egress" --config "$W/egress.json" --listen-proxy "127.0.0.1:$PORT" --resolver "$DNS" --log-level warn 2>>"$W/bg.err" & P=$!; PIDS+=($P)
+    wait_port "$PORT"; sleep 1
+    c0=$(cpu_ticks "$P"); s0=$(ctx_switches "$P"); sleep "$IDLE_SECS"
+    echo "{\"mode\":\"idle\",\"label\":\"cage-egress${envs:+ +no-sysmon-sleep}\",\"tck\":$(getconf CLK_TCK),\"cpu\":$(($(cpu_ticks "$P") - c0)),\"csw\":$(($(ctx_switches "$P") - s0)),\"secs\":$IDLE_SECS}" >>"$R"
+    kill "$P" 2>/dev/null || true; wait "$P" 2>/dev/null || true
+  done
+fi
 
 python3 - "$W" "$N" <<'PY'
 import glob, json, os, re, sys, statistics as st
@@ -140,6 +156,10 @@ def trace(slot, direct=False):
     return sorted(int(l.split()[1]) for l in open(f"{W}/trace.{'direct.' if direct else ''}{slot}"))
 def q(v, p): return v[min(len(v) - 1, int(len(v) * p))]
 loads = [r["loadavg"] for r in rs if r["mode"] == "load"]
+for r in rs:
+    if r["mode"] == "idle":
+        print(f"idle {r['label']}: {r['cpu'] / r['tck'] * 1e3 / r['secs']:.1f} ms CPU and {r['csw'] / r['secs']:.0f} context switches per second")
+if "direct" not in lat: sys.exit(0)
 print(f"\nNew-tunnel latency, {len(loads) - 1} interleaved round(s), {n} sequential new-tunnel GETs per run, each process fresh per round; ratios to a direct run just before (median over rounds)")
 print(f"load average at the start of each round: {'; '.join(loads[:-1])}; at the end: {loads[-1]}\n")
 print("| proxy | p50 | p90 | p99 | p99.9 | p50 per round | p99 per round | CPU per tunnel | context switches per tunnel | run-queue wait per tunnel |")
