@@ -14,6 +14,8 @@
 #   PROFILE=latency bench/egress/run.sh   # or bulk, keepalive, icpt: strace
 #                                  # and perf of cage-egress under one
 #                                  # workload instead of the table
+#   PROFILE=keepalive PROFILE_OF=relay bench/egress/run.sh  # the same of a
+#                                  # floor relay (relay: splice, relay-rw)
 #   BASE_EGRESS=/path/cage-egress bench/egress/run.sh
 #                                  # also measures that build (rows
 #                                  # "cage-egress-base") in the same rounds:
@@ -21,6 +23,12 @@
 #   ONLY=icpt bench/egress/run.sh  # interception rows only (direct, cage-
 #                                  # egress, the base build, mitmdump),
 #                                  # ROUNDS interleaved rounds (~1 minute each)
+#   ONLY=tunnel bench/egress/run.sh  # plain tunnels only: direct, cage-egress
+#                                  # (name), the base build, both relay
+#                                  # floors, squid (name); new tunnels, bulk
+#                                  # and keep-alive, no RSS, no interception;
+#                                  # 1000 GETs, 256 MiB, 3 s (~1 minute a
+#                                  # round), ROUNDS interleaved rounds
 #
 # Destinations: the "name" round gives every proxy up.bench.test, resolved
 # through the same loopback resolver (cage-egress --resolver, squid
@@ -30,9 +38,24 @@
 # runs it with --unsafe-bench-ip-literals, a flag the rendered units never
 # pass and that refuses to run under systemd, which decides such a tunnel
 # on its TLS SNI instead (docs/egress.md). mitmdump only resolves through
-# the system resolver: ip only. The "tcp relay" row is the floor of every
-# proxy here: `loadgen relay`, one extra hop that only splices bytes (no
-# CONNECT, no policy, no log), which the clients reach as the upstream.
+# the system resolver: ip only. The "tcp relay" rows are the floor of every
+# proxy here: `loadgen relay`, one extra hop that only copies bytes (no
+# CONNECT, no policy, no log), which the clients reach as the upstream;
+# "splice" is io.Copy between TCP connections (splice(2)), "rw" plain
+# read/write through a 64 KiB buffer. The floor is the better of the two.
+# The "kernel sockmap relay" row is bench/egress/sockmap, its own module: the
+# same hop with the bytes forwarded in the kernel (two BPF sockmaps and an
+# SK_SKB verdict program), user space woken per connection only. Its proxy
+# CPU is near 0: softirq and kernel workers (sk_psock_backlog) do its work,
+# which no /proc/PID/stat here counts (bench/egress/sockmap/run.sh reads the
+# machine's /proc/stat for it). Skipped, with the reason, where BPF
+# sockmaps cannot be made (not root, an old kernel).
+#
+# The third table is the CPU accounting of the tunnel workloads: the CPU
+# the client and the upstream used per operation over the measured window
+# (loadgen -upstream-pid; the direct run shows how many of the machine's
+# cores its two endpoints kept busy), the proxy's own, and the cap that
+# puts on the ratio when the direct run already keeps the cores busy.
 #
 # Needs: go, python3, squid (installed with apt-get if missing and apt-get is
 # there; its init script is never started), mitmdump (optional). goproxy is
@@ -51,6 +74,7 @@ unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY all_proxy ALL_PROXY
 
 N_LAT=${N_LAT:-2000}; BULK=${BULK:-$((512 << 20))}; ROUNDS=${ROUNDS:-3}; KA_SECS=${KA_SECS:-5s}; HOLD=${HOLD:-1000}; ICPT_SECS=${ICPT_SECS:-5s}
 if [ -n "${QUICK:-}" ]; then N_LAT=300; BULK=$((128 << 20)); ROUNDS=1; KA_SECS=2s; HOLD=300; ICPT_SECS=2s; fi
+if [ "${ONLY:-}" = tunnel ]; then N_LAT=${N_LAT_T:-1000}; BULK=${BULK_T:-$((256 << 20))}; KA_SECS=${KA_SECS_T:-3s}; fi
 PORT=${PORT:-23140}
 # squid takes nameservers without a port: the bench resolver listens on
 # port 53 of a loopback address no one else uses.
@@ -60,6 +84,12 @@ echo "== building" >&2
 # -tags netgo as nix/package.nix builds it: a static cage-egress, no libc.
 (cd "$ROOT" && go build -tags netgo -o "$W/cage-egress" ./cmd/cage-egress && go build -o "$W/loadgen" ./bench/egress/loadgen)
 (cd "$ROOT/bench/egress/goproxy" && go build -o "$W/goproxy" .)
+KRELAY_OK=
+if (cd "$ROOT/bench/egress/sockmap" && go build -o "$W/sockmap" .) 2>"$W/sockmap.err" && "$W/sockmap" -check 2>>"$W/sockmap.err"; then
+  KRELAY_OK=1
+else
+  echo "kernel sockmap relay cannot run here; skipping its row: $(tail -1 "$W/sockmap.err")" >&2
+fi
 if [ -n "${BASE_EGRESS:-}" ]; then cp "$BASE_EGRESS" "$W/cage-egress-base"; fi
 [ -n "${PROFILE:-}" ] && SMOKESCREEN=${SMOKESCREEN:-none}
 if [ -z "${PROFILE:-}" ] && ! command -v squid >/dev/null && command -v apt-get >/dev/null; then
@@ -98,16 +128,23 @@ TCK=$(getconf CLK_TCK)
 measure() {
   local label=$1 pid=$2 c0 c1 c2 c3; shift 2
   c0=$(cpu_ticks "$pid"); lg latency -label "$label" "$@" -n "$N_LAT"
-  c1=$(cpu_ticks "$pid"); lg throughput -label "$label" "$@" -bytes "$BULK"
-  c2=$(cpu_ticks "$pid"); lg rps -label "$label" "$@" -c 8 -d "$KA_SECS"
+  c1=$(cpu_ticks "$pid"); lg throughput -label "$label" "$@" -bytes "$BULK" -upstream-pid "$UP_PID" -proxy-pid "$pid"
+  c2=$(cpu_ticks "$pid"); lg rps -label "$label" "$@" -c 8 -d "$KA_SECS" -upstream-pid "$UP_PID" -proxy-pid "$pid"
   c3=$(cpu_ticks "$pid")
   echo "{\"mode\":\"cpu\",\"label\":\"$label\",\"tck\":$TCK,\"latency\":$((c1 - c0)),\"throughput\":$((c2 - c1)),\"rps\":$((c3 - c2))}" >>"$R"
 }
 
 background UP "$W/loadgen" upstream -dir "$W/upca"
 UP_PORT=${UP##*:}
-background RELAY "$W/loadgen" relay -to "127.0.0.1:$UP_PORT"
+UP_PID=${PIDS[-1]}
+background RELAY "$W/loadgen" relay -to "127.0.0.1:$UP_PORT" -copy splice
 RELAY_PID=${PIDS[-1]}
+background RELAYRW "$W/loadgen" relay -to "127.0.0.1:$UP_PORT" -copy rw -buf $((64 << 10))
+RELAYRW_PID=${PIDS[-1]}
+if [ -n "$KRELAY_OK" ]; then
+  background KRELAY "$W/sockmap" -to "127.0.0.1:$UP_PORT"
+  KRELAY_PID=${PIDS[-1]}
+fi
 background DNSUP "$W/loadgen" dns -addr "$DNS"
 [ "$DNSUP" = "$DNS" ] || { echo "bench resolver did not start on $DNS: $(cat "$W/bg.err")" >&2; exit 1; }
 
@@ -190,11 +227,19 @@ stop_proxy() { kill "$PROXY_PID" 2>/dev/null || true; wait "$PROXY_PID" 2>/dev/n
 # proxy|destination kinds it is measured with
 peers=("cage-egress|name ip")
 [ -n "${BASE_EGRESS:-}" ] && peers+=("cage-egress-base|name")
-peers+=("tcp relay|floor")
+peers+=("tcp relay splice|floor" "tcp relay rw|floor")
+[ -n "$KRELAY_OK" ] && peers+=("kernel sockmap relay|floor")
 [ -n "$SQUID" ] && peers+=("squid|name ip")
 peers+=("goproxy|name ip")
 [ "$SMOKE_BIN" != none ] && peers+=("smokescreen|name ip")
 [ -n "$MITM" ] && peers+=("mitmdump|ip")
+if [ "${ONLY:-}" = tunnel ]; then
+  peers=("cage-egress|name")
+  [ -n "${BASE_EGRESS:-}" ] && peers+=("cage-egress-base|name")
+  peers+=("tcp relay splice|floor" "tcp relay rw|floor")
+  [ -n "$KRELAY_OK" ] && peers+=("kernel sockmap relay|floor")
+  [ -n "$SQUID" ] && peers+=("squid|name")
+fi
 
 R="$W/results.jsonl"
 lg() { "$W/loadgen" "$@" >>"$R"; }
@@ -216,7 +261,19 @@ if [ -n "${PROFILE:-}" ]; then
     esac
   }
   PORT=$((PORT + 1)); name=cage-egress; [ "$PROFILE" = icpt ] && name=cage-egress-icpt
-  start_proxy "$name" "$PORT"
+  case ${PROFILE_OF:-cage-egress} in
+    cage-egress) start_proxy "$name" "$PORT" ;;
+    relay|relay-rw)
+      case $PROFILE in bulk|keepalive) ;; *) echo "PROFILE_OF=$PROFILE_OF: bulk or keepalive only" >&2; exit 2 ;; esac
+      PROXY_PID=$RELAY_PID; RELAY_TO=$RELAY
+      [ "$PROFILE_OF" = relay-rw ] && PROXY_PID=$RELAYRW_PID RELAY_TO=$RELAYRW
+      # A floor relay is the upstream as far as the client knows.
+      work() {
+        if [ "$PROFILE" = bulk ]; then lg throughput -label p -target "$RELAY_TO" -bytes "$BULK"
+        else lg rps -label p -target "$RELAY_TO" -c 8 -d "$KA_SECS"; fi
+      } ;;
+    *) echo "PROFILE_OF=$PROFILE_OF: want cage-egress, relay or relay-rw" >&2; exit 2 ;;
+  esac
   work
   strace -c -f -p "$PROXY_PID" -o "$W/strace.txt" 2>/dev/null & SP=$!; sleep 1; work; sleep 0.5; kill -INT $SP; wait $SP || true
   perf record -F 999 -g -p "$PROXY_PID" -o "$W/perf.data" 2>/dev/null & PP=$!; sleep 1; work; kill -INT $PP; wait $PP || true
@@ -228,14 +285,22 @@ if [ -n "${PROFILE:-}" ]; then
   perf report -i "$W/perf.data" --children --sort sym --stdio -g none 2>/dev/null | grep -E '\[\.\]' | head -45 || true  # head closes the pipe early
   echo; echo "perf: self share per symbol, kernel included (time in the kernel's context switch is a thread the gateway put to sleep and woke):"
   perf report -i "$W/perf.data" --no-children --sort sym --stdio -g none 2>/dev/null | grep -E '\[[.k]\]' | head -12 || true
+  # Where the kernel time goes, cumulative (a frame's share includes what
+  # it called): sending into loopback TCP (tcp_sendmsg, splice_to_socket),
+  # the receive side run inline by the sender (__netif_receive_skb,
+  # tcp_v4_rcv), copies, and the scheduler. In a VM without a PMU perf
+  # samples on a timer, so time with interrupts off lands on the frame
+  # that turns them back on (finish_task_switch, _raw_spin_unlock_irqrestore).
+  echo; echo "perf: cumulative share per kernel frame:"
+  perf report -i "$W/perf.data" --children --sort sym --stdio -g none 2>/dev/null | grep -E '\[k\]' | head -40 || true
   exit 0
 fi
 # direct SLOT: the direct figures right before one proxy's, so each ratio
 # compares two runs seconds apart (the load here moves by minutes).
 direct() {
   lg latency -label "direct|$1" -target "127.0.0.1:$UP_PORT" -n "$N_LAT"
-  lg throughput -label "direct|$1" -target "127.0.0.1:$UP_PORT" -bytes "$BULK"
-  lg rps -label "direct|$1" -target "127.0.0.1:$UP_PORT" -c 8 -d "$KA_SECS"
+  lg throughput -label "direct|$1" -target "127.0.0.1:$UP_PORT" -bytes "$BULK" -upstream-pid "$UP_PID"
+  lg rps -label "direct|$1" -target "127.0.0.1:$UP_PORT" -c 8 -d "$KA_SECS" -upstream-pid "$UP_PID"
 }
 # icpt LABEL ARGS...: intercepted keep-alive requests through the proxy on
 # $PORT, and its CPU time over them.
@@ -260,12 +325,17 @@ for rnd in $(seq "$ROUNDS"); do
       direct "$slot"
       if [ "$kind" = floor ]; then
         # The relay is the upstream as far as the clients know.
-        measure "$label" "$RELAY_PID" -target "$RELAY"
+        case $name in
+          *splice) measure "$label" "$RELAY_PID" -target "$RELAY" ;;
+          kernel*) measure "$label" "$KRELAY_PID" -target "$KRELAY" ;;
+          *) measure "$label" "$RELAYRW_PID" -target "$RELAYRW" ;;
+        esac
         continue
       fi
       start_proxy "$name" "$PORT" "$kind"
       measure "$label" "$PROXY_PID" -proxy 127.0.0.1:$PORT -target "$target"
       stop_proxy
+      [ "${ONLY:-}" = tunnel ] && continue
       # Memory on a second fresh instance: the figures above would have
       # grown its heap; this is idle, then $HOLD open tunnels.
       PORT=$((PORT + 1))
@@ -281,6 +351,7 @@ for rnd in $(seq "$ROUNDS"); do
       stop_proxy
     done
   done
+  [ "${ONLY:-}" = tunnel ] && continue
   # Interception: cage-egress runs every inspector and injects a credential;
   # mitmdump only re-encrypts. 8 keep-alive clients.
   lg rps -label "direct|$rnd|icpt" -target "127.0.0.1:$UP_PORT" -c 8 -d "$ICPT_SECS"
@@ -304,10 +375,11 @@ echo "{\"mode\":\"load_end\",\"loadavg\":\"$(cut -d' ' -f1-3 /proc/loadavg)\"}" 
 injected=$(grep -c '"secrets_injected":\["anthropic"\]' "$W/audit.jsonl" || true)
 opens=$(grep -c '"event":"open"' "$W/audit.jsonl" || true)
 
-python3 - "$R" "$injected" "$opens" "$N_LAT" "$BULK" "$KA_SECS" "$HOLD" <<'PY'
+python3 - "$R" "$injected" "$opens" "$N_LAT" "$BULK" "$KA_SECS" "$HOLD" "$(nproc)" <<'PY'
 import json, sys, statistics as st
 rs = [json.loads(l) for l in open(sys.argv[1])]
 injected, opens, n_lat, bulk, ka, hold = sys.argv[2:8]
+ncpu = int(sys.argv[8])
 loads = [r["loadavg"] for r in rs if r["mode"] == "load"]
 def rows(mode, icpt=False):
     out = {}
@@ -345,11 +417,12 @@ if not lat:
     sys.exit(0)
 print(f"\nEgress tunnel path, {len(loads)} interleaved round(s), every proxy fresh per round; each ratio to a direct run just before it (median over rounds)")
 print(f"load average at the start of each round: {'; '.join(loads)}; at the end: {'; '.join(r['loadavg'] for r in rs if r['mode'] == 'load_end')}")
-print(f"{n_lat} new-tunnel GETs, one {int(bulk)>>20} MiB GET, 8 keep-alive tunnels for {ka}, {hold} idle tunnels, interception with 8 clients\n")
+print(f"{n_lat} new-tunnel GETs, one {int(bulk)>>20} MiB GET, 8 keep-alive tunnels for {ka}" + ("" if not rss else f", {hold} idle tunnels") + (", interception with 8 clients" if ic else "") + "\n")
 print("| proxy | new tunnel p50 | p99 | bulk | keep-alive req/s | RSS idle / %s tunnels | intercepted req/s |" % hold)
 print("|---|---|---|---|---|---|---|")
 d = lat["direct"]
-print(f"| direct | {med(lat,'direct','p50_us'):.0f} µs | {med(lat,'direct','p99_us'):.0f} µs | {med(tp,'direct','mb_per_s'):.0f} MiB/s | {med(ka_r,'direct','req_per_s'):.0f} | – | {med(ic,'direct','req_per_s') or 0:.0f} |")
+icd = "–" if not ic else "%.0f" % med(ic, "direct", "req_per_s")
+print(f"| direct | {med(lat,'direct','p50_us'):.0f} µs | {med(lat,'direct','p99_us'):.0f} µs | {med(tp,'direct','mb_per_s'):.0f} MiB/s | {med(ka_r,'direct','req_per_s'):.0f} | – | {icd} |")
 for name in lat:
     if name == "direct": continue
     idle, held = med(rss, name, "idle_kib"), med(rss, name, "held_kib")
@@ -375,6 +448,46 @@ print("|---|---|---|---|---|")
 for name in lat:
     if name == "direct": continue
     print(f"| {name} | {g(per_op(cpu, lat, name, 'latency', lambda r: r['n']), 1e6, 'µs')} | {g(per_op(cpu, tp, name, 'throughput', lambda r: int(bulk) / (1 << 30)), 1e3, 'ms')} | {g(per_op(cpu, ka_r, name, 'rps', lambda r: r['n']), 1e6, 'µs')} | {g(per_op(cpu_ic, ic, name, 'icpt', lambda r: r['n']), 1e6, 'µs')} |")
+# Where a tunnel operation's CPU goes, over the measured window only: the
+# two endpoints (client + upstream) and the proxy. The direct run shows how
+# busy the endpoints alone keep the machine; a hop whose cost per
+# operation is X (the proxy's own CPU plus what it adds to the endpoints:
+# more loopback traversals, more wake-ups) caps the ratio at
+# direct/(direct + X) at the direct run's busy cores, and at
+# ncpu/busy × that if the proxied run kept every core busy.
+def acct(table, ops):
+    out = {}
+    for name, slots in table.items():
+        v = []
+        for k, r in slots.items():
+            n = ops(r)
+            if "window_s" not in r or not n: continue
+            v.append((k, (r["cpu_s"] + r["up_cpu_s"]) / n, r.get("proxy_cpu_s", 0) / n, (r["cpu_s"] + r["up_cpu_s"] + r.get("proxy_cpu_s", 0)) / r["window_s"]))
+        if v: out[name] = v
+    return out
+work = [("bulk", tp, lambda r: r["mb_per_s"] * r["window_s"] / 1024, 1e3, "ms/GiB", "mb_per_s"),
+        ("keep-alive", ka_r, lambda r: r["n"], 1e6, "µs/req", "req_per_s")]
+if any(acct(t, o) for _, t, o, *_ in work):
+    print(f"\nCPU accounting of the tunnel workloads on {ncpu} cores, over each measured window (client + upstream = endpoints; median over rounds):\n")
+    print("| workload | path | endpoints CPU/op | proxy CPU/op | hop cost X/op | cores busy | cap d/(d+X) | cap, all cores busy | measured × direct |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for wname, table, ops, scale, unit, key in work:
+        a = acct(table, ops)
+        d = {k: (e, busy) for k, e, _, busy in a.get("direct", [])}
+        if not d: continue
+        de, db = st.median(e for e, _ in d.values()), st.median(b for _, b in d.values())
+        print(f"| {wname} | direct | {de*scale:.1f} {unit} | – | – | {db:.2f} of {ncpu} | – | – | – |")
+        for name, v in a.items():
+            if name == "direct": continue
+            xs, caps, capf, busy, es, ps = [], [], [], [], [], []
+            for k, e, p, b in v:
+                if k not in d: continue
+                de_k, db_k = d[k]
+                x = e + p - de_k
+                xs.append(x); es.append(e); ps.append(p); busy.append(b)
+                caps.append(de_k / (de_k + x)); capf.append(min(1, ncpu / db_k * de_k / (de_k + x)))
+            if not xs: continue
+            print(f"| {wname} | {name} | {st.median(es)*scale:.1f} {unit} | {st.median(ps)*scale:.1f} {unit} | {st.median(xs)*scale:.1f} {unit} | {st.median(busy):.2f} of {ncpu} | {st.median(caps):.2f}× | {st.median(capf):.2f}× | {f(ratio(table, name, key))} |")
 a, b = med(ic, "cage-egress (name)", "req_per_s"), med(ic, "mitmdump (ip)", "req_per_s")
 if a and b: print(f"\ncage-egress / mitmdump intercepted req/s: {a/b:.1f}×")
 print(f"cage-egress audit: {opens} tunnel open records, {injected} requests with an injected credential")

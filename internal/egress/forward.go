@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -64,9 +65,7 @@ func (g *Gateway) forwardWith(w http.ResponseWriter, r *http.Request, t *target,
 	if ruleName != "" {
 		rec.Rule = ruleName
 	}
-	for _, h := range hopHeaders {
-		r.Header.Del(h)
-	}
+	delHop(r.Header)
 	flags, b := inspectHead(st, t, r)
 	if b != nil {
 		fail(b)
@@ -134,7 +133,7 @@ func (g *Gateway) exchange(w http.ResponseWriter, r *http.Request, t *target, re
 		flags = append(flags, fmt.Sprintf("%s: near-match of secret %s in the response (an agent guessing at a reflected value)", policy.InspectRealValues, name))
 	}
 	rec.SecretsRedacted = sortedKeys(res.Redacted)
-	g.auditDone(rec, start, fmt.Sprintf("%s %d", resp.Proto, resp.StatusCode), flags, err)
+	g.auditDone(rec, start, resp.Proto+" "+strconv.Itoa(resp.StatusCode), flags, err)
 }
 
 // auditDone writes the record of a request that was forwarded.
@@ -206,11 +205,25 @@ func headerHasToken(h http.Header, name, token string) bool {
 	return false
 }
 
-// headParts is the request line and headers as inspectors see them.
+// headParts is the request line and headers as inspectors see them. The
+// parts' bytes share one buffer (inspectors only read them).
 func headParts(r *http.Request) []inspect.Part {
-	parts := []inspect.Part{{Where: "url", Data: []byte(r.URL.RequestURI())}}
+	uri := r.URL.RequestURI()
+	n := len(uri)
+	for _, vs := range r.Header {
+		for _, v := range vs {
+			n += len(v)
+		}
+	}
+	buf := make([]byte, 0, n)
+	take := func(s string) []byte {
+		buf = append(buf, s...)
+		return buf[len(buf)-len(s) : len(buf) : len(buf)]
+	}
+	parts := make([]inspect.Part, 0, 2+len(r.Header))
+	parts = append(parts, inspect.Part{Where: "url", Data: take(uri)})
 	// A value percent-encoded in the URL is inspected decoded too.
-	if u, err := url.PathUnescape(r.URL.RequestURI()); err == nil && u != r.URL.RequestURI() {
+	if u, err := url.PathUnescape(uri); err == nil && u != uri {
 		parts = append(parts, inspect.Part{Where: "url (decoded)", Data: []byte(u)})
 	}
 	names := make([]string, 0, len(r.Header))
@@ -224,10 +237,10 @@ func headParts(r *http.Request) []inspect.Part {
 			// placeholder or a real value sits, and the encoded form of a
 			// placeholder would look like a high-entropy blob.
 			if dec, ok := decodeBasic(v); ok {
-				parts = append(parts, inspect.Part{Where: "header " + k + " (basic auth)", Data: []byte(dec)})
+				parts = append(parts, inspect.Part{Where: "header", Name: k + " (basic auth)", Data: []byte(dec)})
 				continue
 			}
-			parts = append(parts, inspect.Part{Where: "header " + k, Data: []byte(v)})
+			parts = append(parts, inspect.Part{Where: "header", Name: k, Data: take(v)})
 		}
 	}
 	return parts

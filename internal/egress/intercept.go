@@ -89,20 +89,24 @@ func (g *Gateway) intercept(raw net.Conn, pre []byte, t *target, rec audit.Recor
 	g.logOpen(rec, t, "intercepted tunnel to "+t.host+" opened", start)
 	rec.Event = audit.EventClose
 	h2 := tc.ConnectionState().NegotiatedProtocol == "h2"
-	l := &oneConnListener{conn: tc, done: make(chan struct{})}
-	var closeOnce sync.Once
-	// A hijacked connection (a WebSocket relay) is done when its handler
-	// returns, not when net/http lets go of it.
-	var hijacked atomic.Bool
 	// HTTP/1.1 requests go upstream on the tunnel's own connection
-	// (upstream.go); HTTP/2 streams through the multiplexing Transport.
+	// (upstream.go), which learns from agentConn that the agent left;
+	// HTTP/2 streams through the multiplexing Transport (net/http serves
+	// HTTP/2 only on a *tls.Conn, and cancels each stream's context).
+	var served net.Conn = tc
 	var up http.RoundTripper = g.h2
 	var ucl *tunnelClient
 	if !h2 {
 		ucl = g.newTunnelClient()
 		defer ucl.close()
 		up = ucl
+		served = &agentConn{Conn: tc, gone: ucl.agentGone}
 	}
+	l := &oneConnListener{conn: served, done: make(chan struct{})}
+	var closeOnce sync.Once
+	// A hijacked connection (a WebSocket relay) is done when its handler
+	// returns, not when net/http lets go of it.
+	var hijacked atomic.Bool
 	srv := &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			g.serveInner(w, r, t, h2, up)

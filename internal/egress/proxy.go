@@ -57,6 +57,15 @@ func chainingBlock(hdr http.Header) *blockedErr {
 // hopHeaders are removed before forwarding (RFC 9110 §7.6.1 plus proxy ones).
 var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
 
+// delHop removes the hop-by-hop headers from h. Each name above is in
+// canonical form, so this is h.Del(name) without canonicalizing it again
+// on every request.
+func delHop(h http.Header) {
+	for _, k := range hopHeaders {
+		delete(h, k)
+	}
+}
+
 // blockedErr is a refusal with its HTTP status, reason and rule.
 type blockedErr struct {
 	status int

@@ -3,6 +3,7 @@ package egress
 import (
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 
@@ -43,9 +44,7 @@ func (g *Gateway) respond(w http.ResponseWriter, resp *http.Response, t *target)
 		defer closer()
 		src, decoded = dec, true
 	}
-	for _, h := range hopHeaders {
-		resp.Header.Del(h)
-	}
+	delHop(resp.Header)
 	if decoded {
 		resp.Header.Del("Content-Encoding")
 		resp.Header.Del("Content-Length")
@@ -80,9 +79,16 @@ func redactHeader(m *redact.Matcher, src, dst http.Header, prefix string, res *r
 		if len(vs) == 0 {
 			continue
 		}
-		out := make([]string, len(vs))
+		// The values are copied only when one of them changed: src is
+		// the upstream response's header, which nothing else reads.
+		out := vs
 		for i, v := range vs {
-			out[i] = m.String(v, res)
+			if r := m.String(v, res); r != v {
+				if &out[0] == &vs[0] {
+					out = slices.Clone(vs)
+				}
+				out[i] = r
+			}
 		}
 		dst[prefix+http.CanonicalHeaderKey(m.String(k, res))] = out
 	}

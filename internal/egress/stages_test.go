@@ -28,6 +28,15 @@ import (
 
 func stageState(t *testing.T) (*state, string) {
 	t.Helper()
+	return stageStateWith(t, []policy.Inspector{
+		{Name: policy.InspectSecretPatterns, Action: policy.ActionBlock},
+		{Name: policy.InspectEntropy, Action: policy.ActionFlag},
+	})
+}
+
+// stageStateWith is stageState with the inspectors list.
+func stageStateWith(t testing.TB, list []policy.Inspector) (*state, string) {
+	t.Helper()
 	ph, err := secrets.NewPlaceholder(realAnthropic)
 	if err != nil {
 		t.Fatal(err)
@@ -38,10 +47,7 @@ func stageState(t *testing.T) (*state, string) {
 		t.Fatal(err)
 	}
 	m := redact.New(forms)
-	insp, err := inspect.New([]policy.Inspector{
-		{Name: policy.InspectSecretPatterns, Action: policy.ActionBlock},
-		{Name: policy.InspectEntropy, Action: policy.ActionFlag},
-	}, m, map[string]string{"anthropic": ph})
+	insp, err := inspect.New(list, m, map[string]string{"anthropic": ph})
 	if err != nil {
 		t.Fatal(err)
 	}

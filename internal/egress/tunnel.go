@@ -107,6 +107,7 @@ func (g *Gateway) openTunnel(conn net.Conn, pre []byte, t *target, rec audit.Rec
 // writes the close record with bytes and duration. It keeps no buffer of
 // its own (the ClientHello is not referenced past openTunnel).
 func (g *Gateway) relay(conn, up net.Conn, t *target, rec audit.Record, start time.Time, sent int64, lt *liveTunnel) {
+	lt.relaying(up)
 	out, in, err := splice(conn, up, t.st.idle)
 	reason := "tunnel to " + t.host + " closed"
 	if errors.Is(err, errIdle) {
@@ -132,9 +133,7 @@ func (g *Gateway) logOpen(rec audit.Record, t *target, reason string, start time
 }
 
 // splice copies both ways until both sides are done or the tunnel has been
-// idle (no byte in either direction) for idle. It copies in chunks with
-// io.CopyN so the kernel's splice(2) path stays in use between deadline
-// refreshes.
+// idle (no byte in either direction) for idle.
 func splice(client, up net.Conn, idle time.Duration) (out, in int64, err error) {
 	var last atomic.Int64
 	last.Store(time.Now().UnixNano())
@@ -161,16 +160,38 @@ func splice(client, up net.Conn, idle time.Duration) (out, in int64, err error) 
 	if errors.Is(errOut, errIdle) || errors.Is(errIn, errIdle) {
 		return out, in, errIdle
 	}
-	return out, in, errors.Join(errOut, errIn)
+	return out, in, errors.Join(notClosed(errOut), notClosed(errIn))
 }
 
-const chunk = 1 << 20
+// notClosed drops net.ErrClosed: a connection closed on this side (the
+// other direction's end, or a ban cutting the tunnel) ends a direction
+// without an error.
+func notClosed(err error) error {
+	if errors.Is(err, net.ErrClosed) {
+		return nil
+	}
+	return err
+}
 
+// pipe copies src to dst until src's EOF, an error, or idle without a
+// byte either way (last is the latest byte in either direction). Waiting
+// counts against idle whether it waits for src to send or for dst to
+// read: src's read deadline and dst's write deadline are armed together,
+// once, and when one fires both are re-armed from last. (A deadline costs a
+// timer update, so they are not refreshed per read; the loop before
+// refreshed the read deadline per 1 MiB chunk and had no write deadline,
+// so a tunnel whose receiver stopped reading never went idle.)
 func pipe(dst, src net.Conn, idle time.Duration, last *atomic.Int64) (int64, error) {
+	arm := func(at time.Time) {
+		_ = src.SetReadDeadline(at)
+		_ = dst.SetWriteDeadline(at)
+	}
+	arm(time.Now().Add(idle))
+	step, release := copier(dst, src, last)
+	defer release()
 	var total int64
 	for {
-		_ = src.SetReadDeadline(time.Now().Add(idle))
-		n, err := io.CopyN(dst, src, chunk)
+		n, err := step()
 		total += n
 		if n > 0 {
 			last.Store(time.Now().UnixNano())
@@ -181,17 +202,67 @@ func pipe(dst, src net.Conn, idle time.Duration, last *atomic.Int64) (int64, err
 		case errors.Is(err, io.EOF):
 			return total, nil
 		case errors.Is(err, os.ErrDeadlineExceeded):
-			if time.Since(time.Unix(0, last.Load())) < idle {
+			at := time.Unix(0, last.Load())
+			if time.Since(at) < idle {
+				arm(at.Add(idle))
 				continue
 			}
 			return total, errIdle
 		default:
-			if errors.Is(err, net.ErrClosed) {
-				return total, nil
-			}
+			// net.ErrClosed too: a ban closed one of the connections
+			// (bans.go: cut), and splice closes the other, so the
+			// direction still waiting ends now, not when the peer
+			// next sends.
 			return total, err
 		}
 	}
+}
+
+// copier returns the step pipe repeats, and what to call when pipe ends:
+// a step waits until src has bytes and moves what it has to dst, returning
+// how many reached dst; one cut short by a deadline keeps the bytes it has
+// not written for the next step. Between two sockets that is splice(2)
+// through a pipe from a small shared pool (splicer); otherwise (a
+// connection that is not a socket, as tests' net.Pipe) read/write through
+// a buffer of respond.go's pool, held while it waits: sockets hold nothing
+// while they wait.
+func copier(dst, src net.Conn, last *atomic.Int64) (step func() (int64, error), release func()) {
+	if s, ok := newSplicer(dst, src, last); ok {
+		return s.step, s.release
+	}
+	var bp *[]byte
+	var pending []byte
+	release = func() {
+		if bp != nil {
+			copyBufs.Put(bp)
+			bp, pending = nil, nil
+		}
+	}
+	return func() (int64, error) {
+		var rerr error
+		if len(pending) == 0 {
+			bp = copyBufs.Get().(*[]byte)
+			var n int
+			n, rerr = src.Read(*bp)
+			if n == 0 {
+				release()
+				if rerr == nil {
+					rerr = io.ErrNoProgress
+				}
+				return 0, rerr
+			}
+			pending = (*bp)[:n]
+		}
+		w, werr := dst.Write(pending)
+		pending = pending[w:]
+		if len(pending) == 0 {
+			release()
+		}
+		if werr != nil {
+			return int64(w), werr
+		}
+		return int64(w), rerr
+	}, release
 }
 
 func closeWrite(c net.Conn) {

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -31,8 +32,9 @@ import (
 // body is not deadlocked.
 //
 // The wire format is net/http's own on both sides: http.Request.Write, the
-// function the Transport writes with, and http.ReadResponse, the parser it
-// reads with. Nothing here parses HTTP; the framing decisions (chunked,
+// function the Transport writes with (for a GET or HEAD without a body,
+// writeHead writes Request.Write's bytes without its fmt calls; a test
+// compares the two), and http.ReadResponse, the parser it reads with. Nothing here parses HTTP; the framing decisions (chunked,
 // Content-Length, a close-delimited body, 1xx) are net/http's, the same as
 // before. What this file decides is only when a connection may carry the
 // next request.
@@ -69,13 +71,19 @@ type upKey struct {
 
 // upConn is one upstream TLS connection.
 type upConn struct {
-	key   upKey
-	tc    net.Conn // the TLS connection
-	raw   syscall.Conn
-	lim   headLimit
-	br    *bufio.Reader
-	bw    *bufio.Writer
-	timer *time.Timer // idle expiry while in the pool
+	key upKey
+	tc  net.Conn // the TLS connection
+	raw syscall.Conn
+	lim headLimit
+	// rc and peekFn are alive's, made once per connection rather than
+	// per request; peekOK is peekFn's result.
+	rc      syscall.RawConn
+	peekFn  func(fd uintptr) bool
+	peekOK  bool
+	peekBuf [1]byte
+	br      *bufio.Reader
+	bw      *bufio.Writer
+	timer   *time.Timer // idle expiry while in the pool
 }
 
 // headLimit caps the bytes read from the connection while a response
@@ -107,18 +115,25 @@ func (c *upConn) alive() bool {
 	if c.br.Buffered() > 0 {
 		return false
 	}
-	rc, err := c.raw.SyscallConn()
-	if err != nil {
-		return false
+	if c.rc == nil {
+		rc, err := c.raw.SyscallConn()
+		if err != nil {
+			return false
+		}
+		c.rc, c.peekFn = rc, c.peek
 	}
-	ok := false
-	_ = rc.Read(func(fd uintptr) bool {
-		var b [1]byte
-		n, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-		ok = n < 0 && errors.Is(err, unix.EAGAIN)
-		return true
-	})
-	return ok
+	c.peekOK = false
+	_ = c.rc.Read(c.peekFn)
+	return c.peekOK
+}
+
+// peek is alive's look at the socket: nothing to read (EAGAIN) is alive.
+func (c *upConn) peek(fd uintptr) bool {
+	// recvfrom(2) with no address buffer: unix.Recvfrom would allocate
+	// one per call to return a peer address TCP does not give.
+	_, _, errno := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&c.peekBuf[0])), 1, unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
+	c.peekOK = errno == unix.EAGAIN
+	return true
 }
 
 func (c *upConn) close() { _ = c.tc.Close() }
@@ -190,9 +205,64 @@ type tunnelClient struct {
 	// headTimeout, when set, replaces upstreamHeaderTimeout (the fuzz
 	// test's upstream never finishes a truncated head).
 	headTimeout time.Duration
+
+	// The agent going away (its tunnel closed, a ban) aborts the exchange
+	// in flight: agentGone, called by the tunnel's agentConn, sets
+	// goneErr and aborts cur. Once per tunnel rather than a
+	// context.AfterFunc per request (whose registration on net/http's
+	// request context was a thirtieth of the gateway's CPU per request).
+	mu      sync.Mutex
+	cur     *upExchange
+	goneErr error
 }
 
 func (g *Gateway) newTunnelClient() *tunnelClient { return &tunnelClient{g: g} }
+
+// agentGone aborts the exchange in flight, and any later one, because
+// the agent's connection failed with err.
+func (tc *tunnelClient) agentGone(err error) {
+	tc.mu.Lock()
+	defer tc.mu.Unlock()
+	if tc.goneErr == nil {
+		tc.goneErr = err
+	}
+	if tc.cur != nil {
+		tc.cur.abort()
+	}
+}
+
+// begin makes e the exchange agentGone aborts; it is aborted at once if
+// the agent has already gone.
+func (tc *tunnelClient) begin(e *upExchange) {
+	tc.mu.Lock()
+	defer tc.mu.Unlock()
+	tc.cur = e
+	if tc.goneErr != nil {
+		e.abort()
+	}
+}
+
+// agentConn is the agent's side of an intercepted HTTP/1.1 tunnel as
+// net/http's server reads it (the TLS connection; net/http takes its TLS
+// state from ConnectionState). A read that fails other than by a deadline
+// is the agent gone: net/http's background read between requests sees it
+// first, while a handler waits on the upstream, as it did when it
+// cancelled the request's context.
+type agentConn struct {
+	*tls.Conn
+	gone func(error)
+}
+
+func (c *agentConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if err != nil {
+		var ne net.Error
+		if !errors.As(err, &ne) || !ne.Timeout() {
+			c.gone(err)
+		}
+	}
+	return n, err
+}
 
 // close ends the tunnel's use of its connection: an idle one goes to the
 // gateway's pool for the next tunnel to the same host.
@@ -313,8 +383,7 @@ func (tc *tunnelClient) send(c *upConn, req *http.Request) (*http.Response, erro
 	// whatever waits on the upstream returns. The connection stays whole
 	// (a deadline, not a close), so an exchange that had read its answer
 	// to the end when the agent left still hands it on.
-	ex.aborts.Add(1)
-	ex.stop = context.AfterFunc(req.Context(), ex.abort)
+	tc.begin(ex)
 	if req.Body == nil {
 		if err := writeRequest(c, req); err != nil {
 			ex.fail()
@@ -346,7 +415,7 @@ func (tc *tunnelClient) send(c *upConn, req *http.Request) (*http.Response, erro
 		werr := ex.fail()
 		switch {
 		case ex.aborted:
-			err = fmt.Errorf("request abandoned by the agent: %w", context.Cause(req.Context()))
+			err = fmt.Errorf("request abandoned by the agent: %w", tc.gone())
 		case werr != nil:
 			err = werr
 		case c.lim.read == 0:
@@ -369,8 +438,10 @@ func (tc *tunnelClient) send(c *upConn, req *http.Request) (*http.Response, erro
 }
 
 func writeRequest(c *upConn, req *http.Request) error {
-	if err := req.Write(c.bw); err != nil {
-		return err
+	if !writeHead(c.bw, req) {
+		if err := req.Write(c.bw); err != nil {
+			return err
+		}
 	}
 	return c.bw.Flush()
 }
@@ -407,8 +478,6 @@ func readResponse(c *upConn, req *http.Request) (*http.Response, error) {
 type upExchange struct {
 	tc     *tunnelClient
 	c      *upConn
-	stop   func() bool    // unregisters abort
-	aborts sync.WaitGroup // done when abort cannot run any more
 	body   io.ReadCloser
 	eof    bool
 	keep   bool
@@ -420,26 +489,34 @@ type upExchange struct {
 	aborted bool
 }
 
-// abort runs when the agent's request context ends before the exchange
-// has.
+// abort runs, under tc.mu, when the agent goes away before the exchange
+// has ended.
 func (e *upExchange) abort() {
-	defer e.aborts.Done()
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.aborted = true
 	_ = e.c.tc.SetDeadline(aLongTimeAgo)
 }
 
-// settle unregisters abort and waits for it if it started; it reports
-// whether it ran.
+// settle ends e's registration with the tunnel (an abort under way has
+// finished when it returns: both hold tc.mu); it reports whether abort
+// ran.
 func (e *upExchange) settle() bool {
-	if e.stop() {
-		e.aborts.Done()
+	e.tc.mu.Lock()
+	if e.tc.cur == e {
+		e.tc.cur = nil
 	}
-	e.aborts.Wait()
+	e.tc.mu.Unlock()
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.aborted
+}
+
+// gone is the error the agent's connection failed with.
+func (tc *tunnelClient) gone() error {
+	tc.mu.Lock()
+	defer tc.mu.Unlock()
+	return tc.goneErr
 }
 
 func (e *upExchange) Read(p []byte) (int, error) {

@@ -6,7 +6,6 @@
 package audit
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"strconv"
@@ -52,6 +51,8 @@ type Logger struct {
 	Hook func(Record)
 	bud  budgets
 }
+
+var lineBufs = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
 
 // UnderSystemd reports whether the process was started by systemd with its
 // output connected to the journal.
@@ -107,16 +108,17 @@ func (l *Logger) Log(r Record) error {
 	if l.Hook != nil {
 		l.Hook(r)
 	}
-	b, err := json.Marshal(r)
-	if err != nil {
-		return fmt.Errorf("audit: %w", err)
-	}
-	b = append(b, '\n')
+	// The line (json.Marshal's bytes, without its reflection) is built
+	// in a pooled buffer: every record is bounded (auditlog.MaxRecordBytes).
+	bp := lineBufs.Get().(*[]byte)
+	*bp = append(r.AppendJSON((*bp)[:0]), '\n')
+	var err error
 	l.mu.Lock()
 	if l.file != nil {
-		_, err = l.file.Write(b)
+		_, err = l.file.Write(*bp)
 	}
 	l.mu.Unlock()
+	lineBufs.Put(bp)
 	if err != nil {
 		err = fmt.Errorf("audit: %w", err)
 	}

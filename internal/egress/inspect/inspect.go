@@ -19,6 +19,7 @@ import (
 	"math"
 	"regexp"
 	"strings"
+	"sync"
 
 	"github.com/nixcage/nixcage/internal/egress/redact"
 	"github.com/nixcage/nixcage/internal/policy"
@@ -31,9 +32,13 @@ type Finding struct {
 	Reason    string
 }
 
-// Part is one piece of a request: "url", "header Name", "body".
+// Part is one piece of a request: "url", "header Name", "body". Name,
+// when set, is appended to Where (with a space) in a finding's reason: a
+// header's part is {Where: "header", Name: "X-Api-Key"}, so no string is
+// built per header unless a finding names it.
 type Part struct {
 	Where string
+	Name  string
 	Data  []byte
 }
 
@@ -48,6 +53,12 @@ type Set struct {
 	ph *redact.Matcher
 	// hold is how many bytes a Stream keeps back (see Stream).
 	realHold, phHold, runHold int
+	// names is what Names returns; patIdx is the secret_patterns entry
+	// of list, -1 when it is not listed.
+	names  []string
+	patIdx int
+	// streams holds the Streams Inspect reuses (their buffers grow once).
+	streams sync.Pool
 }
 
 // Defaults used when an inspector leaves its parameter at zero.
@@ -60,6 +71,10 @@ const (
 // entropyCap is the longest token the entropy check judges whole; a longer
 // one is judged on its first entropyCap bytes, so a stream need hold no more.
 const entropyCap = 1024
+
+// maxPooledStream bounds the buffers of a Stream kept for reuse: a huge
+// header once must not stay in memory for good.
+const maxPooledStream = 64 << 10
 
 // regexSpan bounds how far back a secret pattern is re-searched across
 // chunk boundaries; every pattern's shortest match is shorter.
@@ -103,6 +118,14 @@ func New(list []policy.Inspector, real *redact.Matcher, placeholders map[string]
 	}
 	s.realHold = max(0, s.real.MaxLen()-1)
 	s.phHold = max(0, s.ph.MaxLen()-1)
+	s.names = []string{policy.InspectRealValues}
+	s.patIdx = -1
+	for i, in := range s.list {
+		s.names = append(s.names, in.Name)
+		if in.Name == policy.InspectSecretPatterns {
+			s.patIdx = i
+		}
+	}
 	return s, nil
 }
 
@@ -113,14 +136,9 @@ func orInt(v, d int) int {
 	return v
 }
 
-// Names lists the inspectors that run, for the audit record.
-func (s *Set) Names() []string {
-	out := []string{policy.InspectRealValues}
-	for _, in := range s.list {
-		out = append(out, in.Name)
-	}
-	return out
-}
+// Names lists the inspectors that run, for the audit record. The slice is
+// the Set's own, the same on every call: callers must not modify it.
+func (s *Set) Names() []string { return s.names }
 
 // pattern is a known secret format. A regexp runs only where one of its
 // literal anchors occurs: most bodies contain none, and the regexps (with
@@ -131,7 +149,9 @@ type pattern struct {
 	re      *regexp.Regexp
 }
 
-var patterns = []pattern{
+var patterns = patternsInit[:]
+
+var patternsInit = [...]pattern{
 	{"anthropic-key", []string{"sk-ant-"}, regexp.MustCompile(`sk-ant-[A-Za-z0-9_-]{20,}`)},
 	{"openai-key", []string{"sk-"}, regexp.MustCompile(`sk-(?:proj|svcacct|admin)-[A-Za-z0-9_-]{40,}|sk-[A-Za-z0-9]{20}T3BlbkFJ[A-Za-z0-9]{20}`)},
 	{"aws-access-key-id", []string{"AKIA", "ASIA"}, regexp.MustCompile(`\b(?:AKIA|ASIA)[0-9A-Z]{16}\b`)},
@@ -145,13 +165,39 @@ var patterns = []pattern{
 	{"private-key", []string{"-----BEGIN "}, regexp.MustCompile(`-----BEGIN (?:[A-Z]+ )?PRIVATE KEY-----`)},
 }
 
-func (p *pattern) anchored(b []byte) bool {
-	for _, a := range p.anchors {
-		if bytes.Contains(b, []byte(a)) {
-			return true
+// anchorFirst marks the bytes some pattern's anchor starts with.
+var anchorFirst = func() (t [256]bool) {
+	for _, p := range patterns {
+		for _, a := range p.anchors {
+			t[a[0]] = true
 		}
 	}
-	return false
+	return t
+}()
+
+// anchoredIn sets hit[i] when some anchor of patterns[i] occurs in b: one
+// pass over b for every pattern, rather than one search per anchor (a
+// request head is a dozen short parts, where the searches' set-up cost
+// dominated).
+func anchoredIn(b []byte, hit *[len(patternsInit)]bool) bool {
+	found := false
+	for i, c := range b {
+		if !anchorFirst[c] {
+			continue
+		}
+		for j := range patterns {
+			if hit[j] {
+				continue
+			}
+			for _, a := range patterns[j].anchors {
+				if a[0] == c && len(b)-i >= len(a) && string(b[i:i+len(a)]) == a {
+					hit[j], found = true, true
+					break
+				}
+			}
+		}
+	}
+	return found
 }
 
 // Byte classes for the scanners below (hand-written rather than regexps:
@@ -173,10 +219,14 @@ func init() {
 func (s *Set) Inspect(parts []Part) ([]Finding, []string) {
 	var out []Finding
 	var phs []string
-	st := s.NewStream("")
+	st, _ := s.streams.Get().(*Stream)
+	if st == nil {
+		st = s.NewStream("")
+	}
 	for _, p := range parts {
-		// One stream, reset per part, so its buffers are reused.
-		*st = Stream{s: s, where: p.Where, raw: st.raw[:0], masked: st.masked[:0], tok: st.tok[:0]}
+		// One stream, reset per part, so its buffers are reused (and
+		// kept for the next call: what it returns are copies).
+		*st = Stream{s: s, where: p.Where, name: p.Name, raw: st.raw[:0], masked: st.masked[:0], tok: st.tok[:0]}
 		st.Write(p.Data)
 		st.Close()
 		if len(st.findings) > 0 {
@@ -185,6 +235,10 @@ func (s *Set) Inspect(parts []Part) ([]Finding, []string) {
 		if len(st.phNames) > 0 {
 			phs = append(phs, st.Placeholders()...)
 		}
+	}
+	if cap(st.raw) <= maxPooledStream {
+		*st = Stream{raw: st.raw[:0], masked: st.masked[:0], tok: st.tok[:0]}
+		s.streams.Put(st)
 	}
 	return out, phs
 }

@@ -28,6 +28,7 @@ import (
 type Stream struct {
 	s     *Set
 	where string
+	name  string // appended to where in reasons (Part.Name)
 
 	raw, masked []byte // from absolute offset base
 	base        int64
@@ -41,7 +42,7 @@ type Stream struct {
 
 	findings []Finding
 	seen     map[string]bool
-	phNames  map[string]bool
+	phNames  []string // secrets whose placeholder was seen, each once (a few)
 
 	blobRun  int
 	blobDone bool
@@ -76,11 +77,7 @@ func (st *Stream) Blocked() bool { return Blocked(st.findings) }
 
 // Placeholders lists the secrets whose placeholder the part carries.
 func (st *Stream) Placeholders() []string {
-	out := make([]string, 0, len(st.phNames))
-	for k := range st.phNames {
-		out = append(out, k)
-	}
-	return out
+	return slices.Clone(st.phNames)
 }
 
 // Len is how many bytes were written.
@@ -116,6 +113,14 @@ func (st *Stream) compact() {
 	}
 }
 
+// loc names the part in a finding's reason.
+func (st *Stream) loc() string {
+	if st.name == "" {
+		return st.where
+	}
+	return st.where + " " + st.name
+}
+
 func (st *Stream) add(f Finding) {
 	k := f.Inspector + "\x00" + f.Reason
 	if st.seen == nil {
@@ -138,19 +143,18 @@ func (st *Stream) process() []byte {
 	off := func(x int64) int { return int(x - st.base) }
 	if realTo > st.realScan {
 		end := s.real.Scan(st.raw, off(max(st.realScan, st.base)), off(realTo), func(x redact.Match) {
-			st.add(Finding{policy.InspectRealValues, policy.ActionBlock, fmt.Sprintf("real value of secret %s (%s form) in %s", x.Form.Secret, x.Form.Kind, st.where)})
+			st.add(Finding{policy.InspectRealValues, policy.ActionBlock, fmt.Sprintf("real value of secret %s (%s form) in %s", x.Form.Secret, x.Form.Kind, st.loc())})
 		}, func(f *redact.Form, n int) {
-			st.add(Finding{policy.InspectRealValues, policy.ActionFlag, fmt.Sprintf("near-match of secret %s (a %d-byte prefix of its %s form) in %s", f.Secret, n, f.Kind, st.where)})
+			st.add(Finding{policy.InspectRealValues, policy.ActionFlag, fmt.Sprintf("near-match of secret %s (a %d-byte prefix of its %s form) in %s", f.Secret, n, f.Kind, st.loc())})
 		})
 		st.realScan = st.base + int64(end)
 	}
 	if m > st.phScan {
 		end := s.ph.Scan(st.masked, off(max(st.phScan, st.base)), off(m), func(x redact.Match) {
 			copy(st.masked[x.Offset:], x.Form.Placeholder)
-			if st.phNames == nil {
-				st.phNames = map[string]bool{}
+			if !slices.Contains(st.phNames, x.Form.Secret) {
+				st.phNames = append(st.phNames, x.Form.Secret)
 			}
-			st.phNames[x.Form.Secret] = true
 		}, nil)
 		st.phScan = st.base + int64(end)
 	}
@@ -162,7 +166,7 @@ func (st *Stream) process() []byte {
 	for _, in := range s.list {
 		if in.Name == policy.InspectBodySize && !st.sizeDone && st.total > in.MaxBytes {
 			st.sizeDone = true
-			st.add(Finding{in.Name, in.Action, fmt.Sprintf("%s exceeds %d bytes", st.where, in.MaxBytes)})
+			st.add(Finding{in.Name, in.Action, fmt.Sprintf("%s exceeds %d bytes", st.loc(), in.MaxBytes)})
 		}
 	}
 	if st.Blocked() || r <= st.rel {
@@ -176,29 +180,29 @@ func (st *Stream) process() []byte {
 // patterns searches for known secret formats in masked bytes up to m,
 // starting one byte before the unsearched part so \b sees its neighbour.
 func (st *Stream) patterns(m int64) {
-	var in *policy.Inspector
-	for i := range st.s.list {
-		if st.s.list[i].Name == policy.InspectSecretPatterns {
-			in = &st.s.list[i]
-		}
-	}
-	if in == nil {
+	if st.s.patIdx < 0 {
 		return
 	}
+	in := &st.s.list[st.s.patIdx]
 	from := max(st.rgFrom, st.base)
 	lead := int64(0)
 	if from > st.base {
 		lead = 1
 	}
 	win := st.masked[from-lead-st.base : m-st.base]
+	var hit [len(patternsInit)]bool
+	if !anchoredIn(win, &hit) {
+		st.rgFrom = max(st.rgFrom, m-regexSpan)
+		return
+	}
 	for i := range patterns {
 		pat := &patterns[i]
-		if !pat.anchored(win) {
+		if !hit[i] {
 			continue
 		}
 		for _, loc := range pat.re.FindAllIndex(win, -1) {
 			if int64(loc[0]) >= lead {
-				st.add(Finding{in.Name, in.Action, fmt.Sprintf("%s pattern in %s", pat.name, st.where)})
+				st.add(Finding{in.Name, in.Action, fmt.Sprintf("%s pattern in %s", pat.name, st.loc())})
 				break
 			}
 		}
@@ -223,7 +227,7 @@ func (st *Stream) runs(b []byte) {
 				}
 				if st.blobRun++; st.blobRun >= minLen {
 					st.blobDone = true
-					st.add(Finding{in.Name, in.Action, fmt.Sprintf("base64 or hex run of %d+ bytes in %s", minLen, st.where)})
+					st.add(Finding{in.Name, in.Action, fmt.Sprintf("base64 or hex run of %d+ bytes in %s", minLen, st.loc())})
 					break
 				}
 			}
@@ -249,6 +253,11 @@ func (st *Stream) runs(b []byte) {
 }
 
 func (st *Stream) endToken() {
+	if st.tokLen == 0 {
+		// No token since the last end: nothing to judge (most bytes
+		// between tokens, a space or a colon, end an empty one).
+		return
+	}
 	if len(st.tok) < entropyCap {
 		st.judgeToken()
 	}
@@ -269,7 +278,7 @@ func (st *Stream) judgeToken() {
 		}
 		if e := Entropy(st.tok); e >= bits {
 			st.entDone = true
-			st.add(Finding{in.Name, in.Action, fmt.Sprintf("high-entropy token (%.1f bits/byte, %d+ bytes) in %s", e, len(st.tok), st.where)})
+			st.add(Finding{in.Name, in.Action, fmt.Sprintf("high-entropy token (%.1f bits/byte, %d+ bytes) in %s", e, len(st.tok), st.loc())})
 		}
 	}
 }

@@ -124,7 +124,7 @@ func (m *Matcher) Rewrite(b []byte, res *Result) {
 // String is Rewrite for a string (a header value); s is returned unchanged
 // when nothing matched.
 func (m *Matcher) String(s string, res *Result) string {
-	if m == nil || len(m.forms) == 0 {
+	if m == nil || len(m.forms) == 0 || !m.mayMatch(s) {
 		return s
 	}
 	var before Result
@@ -135,4 +135,17 @@ func (m *Matcher) String(s string, res *Result) string {
 		return s
 	}
 	return string(b)
+}
+
+// mayMatch reports whether some position of s starts with a two-byte
+// prefix of a form: where none does, Scan can find neither a form nor a
+// near-match, and String need not copy s (most header values).
+func (m *Matcher) mayMatch(s string) bool {
+	for i := 0; i+1 < len(s); i++ {
+		k := uint16(s[i])<<8 | uint16(s[i+1])
+		if m.first2[k/64]&(1<<(k%64)) != 0 {
+			return true
+		}
+	}
+	return false
 }
