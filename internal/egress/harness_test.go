@@ -150,6 +150,10 @@ func (u *upstream) handler(w http.ResponseWriter, r *http.Request) {
 		u.echo(w, r)
 		return
 	}
+	if strings.HasPrefix(r.URL.Path, "/hdrecho/") {
+		u.headerEcho(w, r)
+		return
+	}
 	switch r.URL.Path {
 	case "/ranged": // the key echoed in a body served with Range support
 		u.mu.Lock()

@@ -30,15 +30,16 @@ func main() {
 	to := flag.String("to", "", "address every connection is forwarded to")
 	idle := flag.Duration("idle", 0, "close a pair when neither side received a byte for this long (tcp_info last_data_recv); 0: never")
 	pause := flag.Bool("unsafe-pause-senders", false, "pause a sender (out of the verdict map) while 16 MiB of its bytes wait for its peer: bounds the kernel's queue, which is otherwise unbounded, but loses bytes under load (relay.go, flow)")
+	sndbuf := flag.Int("sndbuf", 0, "SO_SNDBUFFORCE on both sockets of a pair, in bytes (0: the kernel's autotuning): how often the kernel's forwarder finds a full send buffer")
 	check := flag.Bool("check", false, "only create the BPF objects and exit: 0 if this kernel and these privileges run the relay")
 	flag.Parse()
-	if err := run(*addr, *to, *idle, *pause, *check); err != nil {
+	if err := run(*addr, *to, *idle, *pause, *check, *sndbuf); err != nil {
 		fmt.Fprintln(os.Stderr, "sockmap:", err)
 		os.Exit(1)
 	}
 }
 
-func run(addr, to string, idle time.Duration, pause, check bool) error {
+func run(addr, to string, idle time.Duration, pause, check bool, sndbuf int) error {
 	k, err := newKernel()
 	if err != nil {
 		return fmt.Errorf("%w (BPF sockmaps need root, or CAP_BPF and CAP_NET_ADMIN, and kernel >= 5.8)", err)
@@ -51,6 +52,9 @@ func run(addr, to string, idle time.Duration, pause, check bool) error {
 		return fmt.Errorf("-to is required: the address to forward to")
 	}
 	r, err := newRelay(k, pause)
+	if err == nil {
+		r.sndbuf = sndbuf
+	}
 	if err != nil {
 		return err
 	}

@@ -30,6 +30,8 @@ type relay struct {
 	// pause turns flow control on (see flow): off by default, as it
 	// loses bytes.
 	pause bool
+	// sndbuf, if not 0, is forced on both sockets of a pair (SO_SNDBUFFORCE).
+	sndbuf int
 
 	stop context.CancelFunc
 
@@ -117,6 +119,14 @@ func (r *relay) join(a, b int) error {
 		unix.Close(a)
 		unix.Close(b)
 		return err
+	}
+	if r.sndbuf > 0 {
+		for _, e := range []*end{p.a, p.b} {
+			if err := unix.SetsockoptInt(e.fd, unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, r.sndbuf); err != nil {
+				r.abort(p, err)
+				return fmt.Errorf("SO_SNDBUFFORCE: %w", err)
+			}
+		}
 	}
 	if r.kick {
 		for _, e := range []*end{p.a, p.b} {

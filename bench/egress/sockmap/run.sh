@@ -15,6 +15,9 @@
 #                                        # through the relay with
 #                                        # -unsafe-pause-senders, each checked
 #                                        # by TLS (relay.go, flow)
+#   SNDBUF=$((32 << 20)) bench/egress/sockmap/run.sh  # the sockmap relay's
+#                                        # sockets with a forced 32 MiB send
+#                                        # buffer (any mode)
 #   PROFILE=bulk bench/egress/sockmap/run.sh   # or keepalive: no table;
 #                                        # `perf record -a` of the whole
 #                                        # machine under that workload through
@@ -44,7 +47,7 @@ background() {
 }
 background UP "$W/loadgen" upstream -dir "$W/upca"; UP_PID=${PIDS[-1]}
 background SPLICE "$W/loadgen" relay -to "$UP"; SPLICE_PID=${PIDS[-1]}
-background SOCKMAP "$W/sockmap" -to "$UP"; SOCKMAP_PID=${PIDS[-1]}
+background SOCKMAP "$W/sockmap" -to "$UP" ${SNDBUF:+-sndbuf "$SNDBUF"}; SOCKMAP_PID=${PIDS[-1]}
 if [ -n "${CHECK_PAUSE:-}" ]; then
   background PAUSING "$W/sockmap" -to "$UP" -unsafe-pause-senders; PAUSING_PID=${PIDS[-1]}
   bad=0
