@@ -166,6 +166,23 @@ func TestRedTeamAuditRecordFromAgentPath(t *testing.T) {
 			t.Fatalf("no audit record with path %q; have:\n%s", want, h.dump())
 		}
 	}
+	// The agent's method and Host header reach a refusal's record (the
+	// reason quotes the Host): characters json.Marshal escapes in both.
+	host := "api.example.com:" + strconv.Itoa(h.up.tlsPort)
+	conn, code := h.connect(host, "")
+	if code != 200 {
+		t.Fatalf("CONNECT: %d", code)
+	}
+	defer conn.Close()
+	tc := tls.Client(conn, &tls.Config{ServerName: "api.example.com", RootCAs: h.cagePool})
+	fmt.Fprintf(tc, "G&T /fronted HTTP/1.1\r\nHost: evil.example.com&'x\r\n\r\n")
+	if resp, err := http.ReadResponse(bufio.NewReader(tc), nil); err != nil || resp.StatusCode != http.StatusMisdirectedRequest {
+		t.Fatalf("fronted request: %v %v", resp, err)
+	}
+	fr := h.want(t, func(r audit.Record) bool { return r.Path == "/fronted" }, audit.Blocked, "host-mismatch")
+	if fr.Method != "G&T" || !strings.Contains(fr.Reason, `"evil.example.com&'x"`) {
+		t.Fatalf("fronted record method %q reason %q, want the agent's method and Host as sent", fr.Method, fr.Reason)
+	}
 	raw, err := os.ReadFile(h.rt.AuditFile)
 	if err != nil {
 		t.Fatal(err)
