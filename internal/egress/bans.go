@@ -33,6 +33,24 @@ type liveTunnel struct {
 	conn    net.Conn
 	mu      sync.Mutex
 	ban     *policy.Ban // set when a ban closed it
+	// up is a plain tunnel's upstream connection, closed by a ban with
+	// conn: closing conn alone did not end a tunnel whose copy loop was
+	// waiting to write to the upstream and to read from it (an upstream
+	// that neither reads nor sends), which went on until the idle timeout
+	// and delivered the agent's bytes still in the gateway after the ban.
+	up net.Conn
+}
+
+// relaying records the upstream connection of a plain tunnel, closing it
+// at once if a ban already cut the tunnel.
+func (t *liveTunnel) relaying(up net.Conn) {
+	t.mu.Lock()
+	t.up = up
+	cut := t.ban != nil
+	t.mu.Unlock()
+	if cut {
+		up.Close()
+	}
 }
 
 func (t *liveTunnel) bannedBy() *policy.Ban {
@@ -70,8 +88,12 @@ func (g *Gateway) cut(lt *liveTunnel, b *policy.Ban) {
 	if lt.ban == nil {
 		lt.ban = b
 	}
+	up := lt.up
 	lt.mu.Unlock()
 	lt.conn.Close()
+	if up != nil {
+		up.Close()
+	}
 }
 
 // SetBans replaces the bans in force and closes open tunnels to a banned

@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -265,5 +267,140 @@ func TestSpliceNonSocketFallback(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("no idle timeout over net.Pipe")
+	}
+}
+
+// Waiting to write counts against idle as waiting to read does: a tunnel
+// whose agent half-closed and stopped reading, under an upstream that
+// keeps sending, goes idle (before, the write had no deadline and the
+// relay never ended), and the bytes counted in are the ones the agent's
+// socket got.
+func TestSpliceIdleWhileWaitingToWrite(t *testing.T) {
+	const idle = 300 * time.Millisecond
+	agent, upstream, res := relayed(t, idle)
+	go func() {
+		buf := make([]byte, 64<<10)
+		for {
+			if _, err := upstream.Write(buf); err != nil {
+				return
+			}
+		}
+	}()
+	agent.(*net.TCPConn).CloseWrite()
+	select {
+	case r := <-res:
+		if !errors.Is(r.err, errIdle) || r.in == 0 {
+			t.Fatalf("splice = %+v; want the idle timeout", r)
+		}
+		agent.SetReadDeadline(time.Now().Add(10 * time.Second))
+		n, err := io.Copy(io.Discard, agent)
+		if err != nil || n != r.in {
+			t.Fatalf("agent read %d bytes (%v) after the cut; the relay counted %d in", n, err, r.in)
+		}
+	case <-time.After(idle + 5*time.Second):
+		t.Fatal("relay still open long after nothing moved either way")
+	}
+}
+
+// A slow but steady reader is not idle: the bytes a pump moves as the
+// reader makes room count, not only a whole pipe-full once it is written
+// (before, the relay cut such a tunnel at the idle timeout while bytes
+// moved: a pipe-full of 1 MiB took this reader 5 s). The gateway's send
+// buffer is kept small so the gateway sees the room the reader makes: it
+// cannot see a reader draining that buffer itself, so a reader slower than
+// half of it per idle timeout still looks idle (docs/egress.md).
+func TestSpliceSlowReaderIsNotIdle(t *testing.T) {
+	const idle = time.Second
+	gwAgent, agent := tcpPair(t)
+	gwUp, upstream := tcpPair(t)
+	for c, opt := range map[net.Conn][2]int{gwAgent: {syscall.SO_SNDBUF, 4096}, agent: {syscall.SO_RCVBUF, 4096}, gwUp: {syscall.SO_RCVBUF, 4 << 20}} {
+		rc, _ := c.(*net.TCPConn).SyscallConn()
+		rc.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, opt[0], opt[1]) })
+	}
+	go upstream.Write(make([]byte, 4<<20))
+	time.Sleep(200 * time.Millisecond) // so the first drain takes a pipe-full
+	res := make(chan spliceResult, 1)
+	go func() {
+		out, in, err := splice(gwAgent, gwUp, idle)
+		res <- spliceResult{out: out, in: in, err: err}
+	}()
+	buf := make([]byte, 2048)
+	for end := time.Now().Add(3 * idle); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		agent.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.ReadFull(agent, buf); err != nil {
+			t.Fatalf("reader cut off while reading 2 KiB every 10 ms: %v", err)
+		}
+		select {
+		case r := <-res:
+			t.Fatalf("relay ended while the reader read steadily: %+v", r)
+		default:
+		}
+	}
+}
+
+// Pipes from the pool carry one tunnel's bytes only: many relays at once
+// (more than the pool holds), a third of them reset by the agent and a
+// third by the upstream mid-transfer (their pipes may hold bytes then),
+// and every end receives a prefix of exactly what its own peer sent, in
+// both directions: never a byte of another tunnel.
+func TestSplicePipesNeverMixTunnels(t *testing.T) {
+	const tunnels, size = 3 * maxFreePipes, 1 << 20
+	mine := func(id, dir int) []byte {
+		b := make([]byte, size)
+		for i := range b {
+			b[i] = byte(id*2+dir) ^ byte(i*7+i>>12)
+		}
+		return b
+	}
+	reset := func(c net.Conn) {
+		c.(*net.TCPConn).SetLinger(0)
+		c.Close()
+	}
+	errs := make(chan error, 2*tunnels)
+	for id := range tunnels {
+		agent, upstream, res := relayed(t, 10*time.Second)
+		up, down := mine(id, 0), mine(id, 1)
+		// receive reads c until it ends, checking it got a prefix of
+		// want; the id%3 == who end resets after half.
+		receive := func(c net.Conn, want []byte, who int, name string) {
+			c.SetReadDeadline(time.Now().Add(20 * time.Second))
+			got := make([]byte, 0, size)
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := c.Read(buf)
+				got = append(got, buf[:n]...)
+				if id%3 == who && len(got) > size/2 {
+					reset(c)
+					break
+				}
+				if err != nil {
+					break
+				}
+			}
+			if !bytes.Equal(got, want[:len(got)]) {
+				i := 0
+				for i < len(got) && got[i] == want[i] {
+					i++
+				}
+				errs <- fmt.Errorf("tunnel %d: %s got %d bytes, not what its peer sent from byte %d on", id, name, len(got), i)
+				return
+			}
+			errs <- nil
+		}
+		go func() { agent.Write(up); agent.(*net.TCPConn).CloseWrite() }()
+		go func() { upstream.Write(down); upstream.(*net.TCPConn).CloseWrite() }()
+		go receive(upstream, up, 1, "upstream")
+		go receive(agent, down, 2, "agent")
+		go func() { <-res }()
+	}
+	for range 2 * tunnels {
+		select {
+		case err := <-errs:
+			if err != nil {
+				t.Error(err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("relays still running 30 s on")
+		}
 	}
 }

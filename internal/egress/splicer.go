@@ -1,11 +1,15 @@
 package egress
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -30,9 +34,13 @@ type splicer struct {
 	p               *kpipe
 	n, left, moved  int
 	err             error
+	// last is the tunnel's latest byte either way (pipe's idle clock):
+	// a pump that dst holds back stores it as it goes, so a slow but
+	// steady reader is not idle while one pipe-full trickles out.
+	last *atomic.Int64
 }
 
-func newSplicer(dst, src net.Conn) (*splicer, bool) {
+func newSplicer(dst, src net.Conn, last *atomic.Int64) (*splicer, bool) {
 	sc, ok1 := src.(syscall.Conn)
 	dc, ok2 := dst.(syscall.Conn)
 	if !ok1 || !ok2 {
@@ -43,32 +51,25 @@ func newSplicer(dst, src net.Conn) (*splicer, bool) {
 	if err1 != nil || err2 != nil {
 		return nil, false
 	}
-	s := &splicer{src: rs, dst: rd}
+	s := &splicer{src: rs, dst: rd, last: last}
 	s.drainFn, s.pumpFn = s.drain, s.pump
 	return s, true
 }
 
 // step waits until src is readable (the netpoller, no pipe held), drains
 // what src has into a pipe (up to the pipe's size) and pumps it all to dst.
+// A pump cut short by dst's write deadline (pipe's idle clock) keeps the
+// pipe and its bytes: the next step resumes it, or release drops it.
 func (s *splicer) step() (int64, error) {
-	s.n, s.err = 0, nil
-	err := s.src.Read(s.drainFn)
-	if err == nil {
-		err = s.err
-	}
-	p := s.p
-	if p == nil {
-		return 0, err
-	}
-	if s.n <= 0 {
-		s.p = nil
-		pipes.put(p)
-		if err == nil {
-			err = io.EOF
+	if s.p == nil {
+		n, err := s.fill()
+		if n <= 0 {
+			return 0, err
 		}
-		return 0, err
+		s.left = n
 	}
-	s.left, s.moved, s.err = s.n, 0, nil
+	s.moved, s.err = 0, nil
+	var err error
 	for s.left > 0 {
 		m := s.moved
 		werr := s.dst.Write(s.pumpFn)
@@ -82,16 +83,51 @@ func (s *splicer) step() (int64, error) {
 			err = werr
 			break
 		}
+		if s.left > 0 {
+			// dst took part: the rest waits for it to read.
+			s.last.Store(time.Now().UnixNano())
+		}
 	}
-	s.p = nil
-	if s.left > 0 {
+	switch {
+	case s.left == 0:
+		pipes.put(s.p)
+		s.p = nil
+	case !errors.Is(err, os.ErrDeadlineExceeded):
 		// Bytes left in the pipe belong to this tunnel: the pipe cannot
 		// serve another.
-		p.close()
-	} else {
-		pipes.put(p)
+		s.release()
 	}
 	return int64(s.moved), err
+}
+
+// fill waits for src and drains it into a pipe, held (s.p) when n > 0;
+// src's EOF is n == 0 with io.EOF.
+func (s *splicer) fill() (n int, err error) {
+	s.n, s.err = 0, nil
+	err = s.src.Read(s.drainFn)
+	if err == nil {
+		err = s.err
+	}
+	if s.p == nil {
+		return 0, err
+	}
+	if s.n <= 0 {
+		pipes.put(s.p)
+		s.p = nil
+		if err == nil {
+			err = io.EOF
+		}
+		return 0, err
+	}
+	return s.n, err
+}
+
+// release drops the pipe of a pump left unfinished (the tunnel ended).
+func (s *splicer) release() {
+	if s.p != nil {
+		s.p.close()
+		s.p = nil
+	}
 }
 
 // drain is the src.Read callback: false asks the netpoller to wait.

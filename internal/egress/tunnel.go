@@ -107,6 +107,7 @@ func (g *Gateway) openTunnel(conn net.Conn, pre []byte, t *target, rec audit.Rec
 // writes the close record with bytes and duration. It keeps no buffer of
 // its own (the ClientHello is not referenced past openTunnel).
 func (g *Gateway) relay(conn, up net.Conn, t *target, rec audit.Record, start time.Time, sent int64, lt *liveTunnel) {
+	lt.relaying(up)
 	out, in, err := splice(conn, up, t.st.idle)
 	reason := "tunnel to " + t.host + " closed"
 	if errors.Is(err, errIdle) {
@@ -173,13 +174,21 @@ func notClosed(err error) error {
 }
 
 // pipe copies src to dst until src's EOF, an error, or idle without a
-// byte either way (last is the latest byte in either direction). The read
-// deadline is armed once and, when it fires, re-armed from last: a
-// deadline costs a timer update, so it is not refreshed per read (the
-// loop before refreshed it per 1 MiB chunk).
+// byte either way (last is the latest byte in either direction). Waiting
+// counts against idle whether it waits for src to send or for dst to
+// read: src's read deadline and dst's write deadline are armed together,
+// once, and when one fires both are re-armed from last. (A deadline costs a
+// timer update, so they are not refreshed per read; the loop before
+// refreshed the read deadline per 1 MiB chunk and had no write deadline,
+// so a tunnel whose receiver stopped reading never went idle.)
 func pipe(dst, src net.Conn, idle time.Duration, last *atomic.Int64) (int64, error) {
-	_ = src.SetReadDeadline(time.Now().Add(idle))
-	step := copier(dst, src)
+	arm := func(at time.Time) {
+		_ = src.SetReadDeadline(at)
+		_ = dst.SetWriteDeadline(at)
+	}
+	arm(time.Now().Add(idle))
+	step, release := copier(dst, src, last)
+	defer release()
 	var total int64
 	for {
 		n, err := step()
@@ -195,7 +204,7 @@ func pipe(dst, src net.Conn, idle time.Duration, last *atomic.Int64) (int64, err
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			at := time.Unix(0, last.Load())
 			if time.Since(at) < idle {
-				_ = src.SetReadDeadline(at.Add(idle))
+				arm(at.Add(idle))
 				continue
 			}
 			return total, errIdle
@@ -209,32 +218,51 @@ func pipe(dst, src net.Conn, idle time.Duration, last *atomic.Int64) (int64, err
 	}
 }
 
-// copier returns the step pipe repeats: it waits until src has bytes and
-// moves what it has to dst, returning how many reached dst. Between two
-// sockets that is splice(2) through a pipe from a small shared pool
-// (splicer); otherwise (a connection that is not a socket, as tests'
-// net.Pipe) read/write through a buffer of respond.go's pool, held while
-// it waits: sockets hold nothing while they wait.
-func copier(dst, src net.Conn) func() (int64, error) {
-	if s, ok := newSplicer(dst, src); ok {
-		return s.step
+// copier returns the step pipe repeats, and what to call when pipe ends:
+// a step waits until src has bytes and moves what it has to dst, returning
+// how many reached dst; one cut short by a deadline keeps the bytes it has
+// not written for the next step. Between two sockets that is splice(2)
+// through a pipe from a small shared pool (splicer); otherwise (a
+// connection that is not a socket, as tests' net.Pipe) read/write through
+// a buffer of respond.go's pool, held while it waits: sockets hold nothing
+// while they wait.
+func copier(dst, src net.Conn, last *atomic.Int64) (step func() (int64, error), release func()) {
+	if s, ok := newSplicer(dst, src, last); ok {
+		return s.step, s.release
+	}
+	var bp *[]byte
+	var pending []byte
+	release = func() {
+		if bp != nil {
+			copyBufs.Put(bp)
+			bp, pending = nil, nil
+		}
 	}
 	return func() (int64, error) {
-		bp := copyBufs.Get().(*[]byte)
-		defer copyBufs.Put(bp)
-		n, err := src.Read(*bp)
-		if n > 0 {
-			w, werr := dst.Write((*bp)[:n])
-			if werr != nil {
-				return int64(w), werr
+		var rerr error
+		if len(pending) == 0 {
+			bp = copyBufs.Get().(*[]byte)
+			var n int
+			n, rerr = src.Read(*bp)
+			if n == 0 {
+				release()
+				if rerr == nil {
+					rerr = io.ErrNoProgress
+				}
+				return 0, rerr
 			}
-			return int64(w), err
+			pending = (*bp)[:n]
 		}
-		if err == nil {
-			err = io.ErrNoProgress
+		w, werr := dst.Write(pending)
+		pending = pending[w:]
+		if len(pending) == 0 {
+			release()
 		}
-		return 0, err
-	}
+		if werr != nil {
+			return int64(w), werr
+		}
+		return int64(w), rerr
+	}, release
 }
 
 func closeWrite(c net.Conn) {
