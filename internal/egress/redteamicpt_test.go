@@ -57,6 +57,9 @@ func (u *upstream) headerEcho(w http.ResponseWriter, r *http.Request) {
 	// A name net/http keeps as it is through canonicalization: lower
 	// hex after a digit.
 	h["X-"+hex.EncodeToString([]byte(key))] = []string{"name"}
+	// The key itself as a name: net/http changes its letters' case
+	// before the gateway sees it.
+	h["X-"+key] = []string{"raw name"}
 	h["X-Both"] = []string{key, key}
 	fmt.Fprintln(w, "see headers")
 }
@@ -87,6 +90,22 @@ func TestRedTeamKeyInResponseHeaderForms(t *testing.T) {
 				if strings.Contains(all, string(f.Real)) {
 					t.Errorf("the agent received the real key's %s form %q in a response header:\n%s", f.Kind, f.Real, all)
 				}
+			}
+			// A name reaches the agent canonicalized, so the agent reads
+			// names without case: the key but for its letters' case is
+			// the key to it (before the fix "X-Sk-Ant-Api03-Realreal…"
+			// came through).
+			rawName := false
+			for k := range hdr {
+				for _, f := range forms {
+					if strings.Contains(strings.ToLower(k), strings.ToLower(string(f.Real))) {
+						t.Errorf("the agent received the real key's %s form, case changed, in the response header name %q", f.Kind, k)
+					}
+				}
+				rawName = rawName || strings.Contains(strings.ToLower(k), strings.ToLower(ph[14:]))
+			}
+			if !rawName {
+				t.Errorf("no header name carries the placeholder where the upstream put the key:\n%s", all)
 			}
 			// The agent decodes what it got, as it would.
 			realMid := realAnthropic[14 : len(realAnthropic)-2]
@@ -165,6 +184,23 @@ func TestRedTeamAuditRecordFromAgentPath(t *testing.T) {
 		if !h.recorded(t, func(r audit.Record) bool { return r.Path == want }) {
 			t.Fatalf("no audit record with path %q; have:\n%s", want, h.dump())
 		}
+	}
+	// The agent's method and Host header reach a refusal's record (the
+	// reason quotes the Host): characters json.Marshal escapes in both.
+	host := "api.example.com:" + strconv.Itoa(h.up.tlsPort)
+	conn, code := h.connect(host, "")
+	if code != 200 {
+		t.Fatalf("CONNECT: %d", code)
+	}
+	defer conn.Close()
+	tc := tls.Client(conn, &tls.Config{ServerName: "api.example.com", RootCAs: h.cagePool})
+	fmt.Fprintf(tc, "G&T /fronted HTTP/1.1\r\nHost: evil.example.com&'x\r\n\r\n")
+	if resp, err := http.ReadResponse(bufio.NewReader(tc), nil); err != nil || resp.StatusCode != http.StatusMisdirectedRequest {
+		t.Fatalf("fronted request: %v %v", resp, err)
+	}
+	fr := h.want(t, func(r audit.Record) bool { return r.Path == "/fronted" }, audit.Blocked, "host-mismatch")
+	if fr.Method != "G&T" || !strings.Contains(fr.Reason, `"evil.example.com&'x"`) {
+		t.Fatalf("fronted record method %q reason %q, want the agent's method and Host as sent", fr.Method, fr.Reason)
 	}
 	raw, err := os.ReadFile(h.rt.AuditFile)
 	if err != nil {

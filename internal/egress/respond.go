@@ -90,7 +90,9 @@ func redactHeader(m *redact.Matcher, src, dst http.Header, prefix string, res *r
 				out[i] = r
 			}
 		}
-		dst[prefix+http.CanonicalHeaderKey(m.String(k, res))] = out
+		// The name through Name, not String: net/http has changed its
+		// letters' case already.
+		dst[prefix+http.CanonicalHeaderKey(m.Name(k, res))] = out
 	}
 }
 

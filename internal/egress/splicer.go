@@ -171,11 +171,12 @@ const spliceFlags = unix.SPLICE_F_MOVE | unix.SPLICE_F_NONBLOCK
 // than wait. So it can skip the runtime's entersyscall/exitsyscall, and
 // with them the wake-up of the runtime's sysmon thread that entering a
 // system call costs in a process whose Ps were all idle, which is what a
-// relay between short messages is: about 3 µs of the gateway's CPU per
-// keep-alive request on this machine (docs/performance.md). A drain only
-// moves page references into the pipe; a pump of a few dozen KiB is a
-// few µs of loopback delivery. A larger pump (bulk) is made as an ordinary
-// system call, so the runtime can run others on the P while it lasts.
+// relay between short messages is: a fifth of a Go splice relay's CPU
+// under keep-alive on this machine (docs/performance.md, "The tunnel copy
+// loop"). A drain only moves page references into the pipe; a pump of a
+// few dozen KiB is a few µs of loopback delivery. A larger pump (bulk, up
+// to pipeSize: a few hundred µs) is an ordinary system call, so the
+// runtime can hand the P to another goroutine while it lasts.
 const rawPumpMax = 64 << 10
 
 // spliceOnce is one non-blocking splice(2), retried on EINTR (waiting for
@@ -224,6 +225,11 @@ type pipePool struct {
 
 var pipes pipePool
 
+// errNoPipe is a pipe the kernel would not make (out of descriptors): the
+// tunnel goes on with read/write (pipe), as io.Copy's splice did, rather
+// than end.
+var errNoPipe = errors.New("splice pipe")
+
 func (pp *pipePool) get() (*kpipe, error) {
 	pp.mu.Lock()
 	if n := len(pp.free); n > 0 {
@@ -235,7 +241,7 @@ func (pp *pipePool) get() (*kpipe, error) {
 	pp.mu.Unlock()
 	var fds [2]int
 	if err := unix.Pipe2(fds[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
-		return nil, fmt.Errorf("splice pipe: %w", err)
+		return nil, fmt.Errorf("%w: %w", errNoPipe, err)
 	}
 	p := &kpipe{r: fds[0], w: fds[1], size: 64 << 10}
 	if got, err := unix.FcntlInt(uintptr(fds[1]), unix.F_SETPIPE_SZ, pipeSize); err == nil {

@@ -11,10 +11,26 @@ type Matcher struct {
 	// lists the forms per prefix, longest first (leftmost-longest wins).
 	first2 [1 << 16 / 64]uint64
 	cands  map[uint16][]int
+	// fold matches the forms with ASCII letters lowered, for header
+	// names (see Name); nil in fold itself.
+	fold *Matcher
 }
 
 // New compiles forms. Every form must be at least 2 bytes long.
 func New(forms []Form) *Matcher {
+	m := newMatcher(forms)
+	var folded []Form
+	for _, f := range forms {
+		r, p := lowerASCII(string(f.Real)), lowerASCII(string(f.Placeholder))
+		if len(r) >= 2 && r != p {
+			folded = append(folded, Form{Secret: f.Secret, Kind: f.Kind, Real: []byte(r), Placeholder: []byte(p), Public: commonPrefix([]byte(r), []byte(p))})
+		}
+	}
+	m.fold = newMatcher(folded)
+	return m
+}
+
+func newMatcher(forms []Form) *Matcher {
 	m := &Matcher{forms: forms, cands: map[uint16][]int{}}
 	for i, f := range forms {
 		if len(f.Real) < 2 {
@@ -148,4 +164,50 @@ func (m *Matcher) mayMatch(s string) bool {
 		}
 	}
 	return false
+}
+
+// Name is String for a header name. net/http canonicalizes the names it
+// reads (a response's, a trailer's) before anything here sees them, so a
+// form written into a name arrives with its letters' case changed
+// ("X-Sk-Ant-Api03-Realreal…"): matched exactly it would pass, and the
+// agent would get the key but for its letters' case. A name is matched
+// with ASCII letters lowered on both sides; where a form matched, the
+// result is the lowered name with the (lowered) placeholder form in it,
+// for the caller to canonicalize again. Otherwise it is String's.
+func (m *Matcher) Name(k string, res *Result) string {
+	if m != nil && m.fold != nil && m.fold.mayMatchLower(k) {
+		low := lowerASCII(k)
+		if out := m.fold.String(low, res); out != low {
+			return out
+		}
+	}
+	return m.String(k, res)
+}
+
+// mayMatchLower is mayMatch of s with its ASCII letters lowered.
+func (m *Matcher) mayMatchLower(s string) bool {
+	for i := 0; i+1 < len(s); i++ {
+		k := uint16(lowerByte(s[i]))<<8 | uint16(lowerByte(s[i+1]))
+		if m.first2[k/64]&(1<<(k%64)) != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func lowerByte(c byte) byte {
+	if 'A' <= c && c <= 'Z' {
+		return c + 'a' - 'A'
+	}
+	return c
+}
+
+// lowerASCII lowers ASCII letters only, so lengths never change (a form's
+// Real and Placeholder must keep the same length).
+func lowerASCII(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		b[i] = lowerByte(c)
+	}
+	return string(b)
 }

@@ -210,3 +210,27 @@ func TestStreamMatchesWhole(t *testing.T) {
 		}
 	}
 }
+
+// Name matches a header name without case: net/http hands names on
+// canonicalized, the key's letters' case changed.
+func TestNameMatchesCanonicalizedKey(t *testing.T) {
+	real, ph := "sk-ant-api03-REALrealREAL0123456789abcdef", "sk-ant-api03-PLACEholder987654321zyxwvuts"
+	forms, err := Forms("k", real, ph)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := New(forms)
+	canon := "X-Sk-Ant-Api03-Realrealreal0123456789abcdef"
+	var res Result
+	got := m.Name(canon, &res)
+	if strings.Contains(strings.ToLower(got), strings.ToLower(real)) || !strings.Contains(got, strings.ToLower(ph)) || !res.Redacted["k"] {
+		t.Fatalf("Name(%q) = %q, redacted %v: want the placeholder, case folded, where the key was", canon, got, res.Redacted)
+	}
+	var none Result
+	if got := m.Name("Content-Type", &none); got != "Content-Type" || len(none.Redacted) != 0 {
+		t.Fatalf("Name changed a name with no key in it: %q", got)
+	}
+	if got := m.Name("X-"+real, &none); strings.Contains(got, real) {
+		t.Fatalf("Name kept an exact-case key: %q", got)
+	}
+}
