@@ -7,12 +7,16 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/nixcage/nixcage/internal/egress/audit"
 	"github.com/nixcage/nixcage/internal/egress/ca"
@@ -136,9 +140,9 @@ func closeWithin(t *testing.T, h *harness, host string, port int, d time.Duratio
 }
 
 // tunnelCage runs a cage whose policy tunnels (never intercepts)
-// plain.example.com, to a streaming upstream made by up, with an idle
-// timeout of idle seconds.
-func tunnelCage(t *testing.T, idle int, mutate func(*policy.Runtime), up func(caDir string) int) (*harness, int) {
+// plain.example.com, to an upstream made by up (its port is returned),
+// with an idle timeout of idle seconds, and returns the gateway's process.
+func tunnelCage(t *testing.T, idle int, mutate func(*policy.Runtime), up func(caDir string) int) (*harness, int, *exec.Cmd) {
 	testenv.RequirePrivileged(t)
 	var port int
 	h := setupHarness(t, func(rt *policy.Runtime) {
@@ -151,8 +155,8 @@ func tunnelCage(t *testing.T, idle int, mutate func(*policy.Runtime), up func(ca
 		port = up(filepath.Join(filepath.Dir(rt.AuditFile), "upstream-ca"))
 		rt.Policy.Ports = append(rt.Policy.Ports, port)
 	})
-	startCage(t, h)
-	return h, port
+	_, gw := startCage(t, h)
+	return h, port, gw
 }
 
 // TestRedTeamTunnelIdleWhileThePumpWaits: the idle timeout ("tunnels
@@ -171,7 +175,7 @@ func tunnelCage(t *testing.T, idle int, mutate func(*policy.Runtime), up func(ca
 func TestRedTeamTunnelIdleWhileThePumpWaits(t *testing.T) {
 	const idle = 2
 	t.Run("half-closed and not reading", func(t *testing.T) {
-		h, port := tunnelCage(t, idle, nil, func(dir string) int { return streamingUpstream(t, dir, false) })
+		h, port, _ := tunnelCage(t, idle, nil, func(dir string) int { return streamingUpstream(t, dir, false) })
 		raw, _ := cageTunnel(t, h, "plain.example.com", port)
 		// Half-close and stop reading: nothing moves either way now.
 		if err := raw.Conn.(*net.TCPConn).CloseWrite(); err != nil {
@@ -191,7 +195,7 @@ func TestRedTeamTunnelIdleWhileThePumpWaits(t *testing.T) {
 		}
 	})
 	t.Run("neither side reads", func(t *testing.T) {
-		h, port := tunnelCage(t, idle, nil, func(dir string) int { return streamingUpstream(t, dir, false) })
+		h, port, _ := tunnelCage(t, idle, nil, func(dir string) int { return streamingUpstream(t, dir, false) })
 		_, tc := cageTunnel(t, h, "plain.example.com", port)
 		go func() {
 			buf := []byte(strings.Repeat("upload ", 4096))
@@ -251,7 +255,7 @@ func holdingUpstream(t *testing.T, caDir string, conns chan<- *countedConn) int 
 func TestRedTeamBanCutsTunnelWaitingToWrite(t *testing.T) {
 	var bfile, gfile string
 	conns := make(chan *countedConn, 1)
-	h, port := tunnelCage(t, 60, banPolicy(t, &bfile, &gfile), func(dir string) int { return holdingUpstream(t, dir, conns) })
+	h, port, _ := tunnelCage(t, 60, banPolicy(t, &bfile, &gfile), func(dir string) int { return holdingUpstream(t, dir, conns) })
 	_, tc := cageTunnel(t, h, "plain.example.com", port)
 	upc := <-conns
 	go func() {
@@ -278,5 +282,51 @@ func TestRedTeamBanCutsTunnelWaitingToWrite(t *testing.T) {
 	}
 	if err == nil && upc.read.Load() != r.BytesOut {
 		t.Errorf("the upstream read %d bytes; the close record says bytes_out %d", upc.read.Load(), r.BytesOut)
+	}
+}
+
+// TestRedTeamTunnelAtTheDescriptorLimit: a gateway out of file
+// descriptors keeps carrying its open tunnels. Before the fix a tunnel
+// whose bytes found the pipe pool empty (the agent's tunnels that nobody
+// reads each hold a pipe full of bytes) asked the kernel for a pipe, got
+// EMFILE and was closed; io.Copy's splice before it fell back to
+// read/write, and so does the copy loop now. As the agent: 20 tunnels
+// that stop reading, the gateway held at its descriptor limit (lowered to
+// what it has open), then requests in an open tunnel.
+func TestRedTeamTunnelAtTheDescriptorLimit(t *testing.T) {
+	h, port, gw := tunnelCage(t, 30, nil, func(dir string) int { return streamingUpstream(t, dir, false) })
+	_, tc := cageTunnel(t, h, "plain.example.com", h.up.tlsPort)
+	br := bufio.NewReader(tc)
+	if st := tlsGet(t, tc, br, "plain.example.com"); st != http.StatusOK {
+		t.Fatalf("open tunnel: %d", st)
+	}
+	// Each holds the pipe of the upstream's bytes the agent does not read.
+	for range 20 {
+		raw, _ := cageTunnel(t, h, "plain.example.com", port)
+		raw.Conn.(*net.TCPConn).CloseWrite()
+	}
+	time.Sleep(time.Second)
+	pid := gw.Process.Pid
+	fds, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var was unix.Rlimit
+	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, nil, &was); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: uint64(len(fds)), Max: was.Max}, nil); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Prlimit(pid, unix.RLIMIT_NOFILE, &was, nil)
+	for i := range 3 {
+		tc.SetDeadline(time.Now().Add(10 * time.Second))
+		fmt.Fprintf(tc, "GET /g HTTP/1.1\r\nHost: plain.example.com\r\n\r\n")
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("request %d in the open tunnel at the descriptor limit: %v; audit:\n%s", i, err, h.dump())
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
 	}
 }

@@ -225,6 +225,11 @@ type pipePool struct {
 
 var pipes pipePool
 
+// errNoPipe is a pipe the kernel would not make (out of descriptors): the
+// tunnel goes on with read/write (pipe), as io.Copy's splice did, rather
+// than end.
+var errNoPipe = errors.New("splice pipe")
+
 func (pp *pipePool) get() (*kpipe, error) {
 	pp.mu.Lock()
 	if n := len(pp.free); n > 0 {
@@ -236,7 +241,7 @@ func (pp *pipePool) get() (*kpipe, error) {
 	pp.mu.Unlock()
 	var fds [2]int
 	if err := unix.Pipe2(fds[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
-		return nil, fmt.Errorf("splice pipe: %w", err)
+		return nil, fmt.Errorf("%w: %w", errNoPipe, err)
 	}
 	p := &kpipe{r: fds[0], w: fds[1], size: 64 << 10}
 	if got, err := unix.FcntlInt(uintptr(fds[1]), unix.F_SETPIPE_SZ, pipeSize); err == nil {

@@ -188,7 +188,7 @@ func pipe(dst, src net.Conn, idle time.Duration, last *atomic.Int64) (int64, err
 	}
 	arm(time.Now().Add(idle))
 	step, release := copier(dst, src, last)
-	defer release()
+	defer func() { release() }()
 	var total int64
 	for {
 		n, err := step()
@@ -198,6 +198,12 @@ func pipe(dst, src net.Conn, idle time.Duration, last *atomic.Int64) (int64, err
 		}
 		switch {
 		case err == nil:
+			continue
+		case errors.Is(err, errNoPipe):
+			// At the descriptor limit with no free pipe: nothing was
+			// read, so this direction goes on with read/write.
+			release()
+			step, release = bufCopier(dst, src)
 			continue
 		case errors.Is(err, io.EOF):
 			return total, nil
@@ -230,6 +236,11 @@ func copier(dst, src net.Conn, last *atomic.Int64) (step func() (int64, error), 
 	if s, ok := newSplicer(dst, src, last); ok {
 		return s.step, s.release
 	}
+	return bufCopier(dst, src)
+}
+
+// bufCopier is copier's read/write step.
+func bufCopier(dst, src net.Conn) (step func() (int64, error), release func()) {
 	var bp *[]byte
 	var pending []byte
 	release = func() {

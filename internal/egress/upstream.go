@@ -206,9 +206,10 @@ type tunnelClient struct {
 	// test's upstream never finishes a truncated head).
 	headTimeout time.Duration
 
-	// The agent going away (its tunnel closed, a ban) aborts the exchange
-	// in flight: agentGone, called by the tunnel's agentConn, sets
-	// goneErr and aborts cur. Once per tunnel rather than a
+	// A failed read of the agent's connection (its tunnel closed, a ban,
+	// a stalled body) aborts the exchange in flight: agentGone, called by
+	// the tunnel's agentConn, aborts cur and, unless the read timed out,
+	// every later exchange (goneErr). Once per tunnel rather than a
 	// context.AfterFunc per request (whose registration on net/http's
 	// request context was a thirtieth of the gateway's CPU per request).
 	mu      sync.Mutex
@@ -218,16 +219,24 @@ type tunnelClient struct {
 
 func (g *Gateway) newTunnelClient() *tunnelClient { return &tunnelClient{g: g} }
 
-// agentGone aborts the exchange in flight, and any later one, because
-// the agent's connection failed with err.
-func (tc *tunnelClient) agentGone(err error) {
+// agentGone aborts the exchange in flight because a read of the agent's
+// connection failed with err; unless it timed out, the agent is gone and
+// every later exchange is aborted too.
+//
+// This is what net/http did to the request's context, which an
+// AfterFunc per request watched before: its server cancels it on every
+// failed read of the connection but the timeout of its own background
+// read, which it causes when a handler has returned (no exchange is in
+// flight then, and a timeout is not sticky here). A timeout with an
+// exchange in flight is a stalled request body (deadlineBody).
+func (tc *tunnelClient) agentGone(err error, timeout bool) {
 	tc.mu.Lock()
 	defer tc.mu.Unlock()
-	if tc.goneErr == nil {
+	if !timeout && tc.goneErr == nil {
 		tc.goneErr = err
 	}
 	if tc.cur != nil {
-		tc.cur.abort()
+		tc.cur.abort(err)
 	}
 }
 
@@ -238,28 +247,26 @@ func (tc *tunnelClient) begin(e *upExchange) {
 	defer tc.mu.Unlock()
 	tc.cur = e
 	if tc.goneErr != nil {
-		e.abort()
+		e.abort(tc.goneErr)
 	}
 }
 
 // agentConn is the agent's side of an intercepted HTTP/1.1 tunnel as
 // net/http's server reads it (the TLS connection; net/http takes its TLS
-// state from ConnectionState). A read that fails other than by a deadline
-// is the agent gone: net/http's background read between requests sees it
-// first, while a handler waits on the upstream, as it did when it
-// cancelled the request's context.
+// state from ConnectionState). Every failed read goes to gone, with
+// whether it timed out as net/http tells it (a net.Error, not unwrapped):
+// net/http's background read sees the agent leave while a handler waits
+// on the upstream.
 type agentConn struct {
 	*tls.Conn
-	gone func(error)
+	gone func(err error, timeout bool)
 }
 
 func (c *agentConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	if err != nil {
-		var ne net.Error
-		if !errors.As(err, &ne) || !ne.Timeout() {
-			c.gone(err)
-		}
+		ne, ok := err.(net.Error)
+		c.gone(err, ok && ne.Timeout())
 	}
 	return n, err
 }
@@ -415,7 +422,7 @@ func (tc *tunnelClient) send(c *upConn, req *http.Request) (*http.Response, erro
 		werr := ex.fail()
 		switch {
 		case ex.aborted:
-			err = fmt.Errorf("request abandoned by the agent: %w", tc.gone())
+			err = fmt.Errorf("request abandoned by the agent: %w", ex.abortErr)
 		case werr != nil:
 			err = werr
 		case c.lim.read == 0:
@@ -483,18 +490,19 @@ type upExchange struct {
 	keep   bool
 	closed bool
 
-	wrote   chan error // the body writer's result; nil without a body
-	mu      sync.Mutex
-	gotHead bool
-	aborted bool
+	wrote    chan error // the body writer's result; nil without a body
+	mu       sync.Mutex
+	gotHead  bool
+	aborted  bool
+	abortErr error // the agent's read error that aborted the exchange
 }
 
-// abort runs, under tc.mu, when the agent goes away before the exchange
-// has ended.
-func (e *upExchange) abort() {
+// abort runs, under tc.mu, when a read of the agent's connection failed
+// with err before the exchange ended.
+func (e *upExchange) abort(err error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.aborted = true
+	e.aborted, e.abortErr = true, err
 	_ = e.c.tc.SetDeadline(aLongTimeAgo)
 }
 
@@ -510,13 +518,6 @@ func (e *upExchange) settle() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.aborted
-}
-
-// gone is the error the agent's connection failed with.
-func (tc *tunnelClient) gone() error {
-	tc.mu.Lock()
-	defer tc.mu.Unlock()
-	return tc.goneErr
 }
 
 func (e *upExchange) Read(p []byte) (int, error) {

@@ -283,6 +283,7 @@ func client(mode string, args []string) error {
 	conc := fs.Int("c", 32, "concurrent clients (rps)")
 	dur := fs.Duration("d", 10*time.Second, "duration (rps)")
 	header := fs.String("header", "", "extra request header name:value (rps)")
+	trace := fs.String("trace", "", "latency: write every request's start (Unix µs) and duration (µs) to this file, one line each, to line slow requests up with a proxy's GC and scheduler traces")
 	upPID := fs.Int("upstream-pid", 0, "the upstream's pid, for its CPU time over the measured window (throughput, rps)")
 	proxyPID := fs.Int("proxy-pid", 0, "the proxy's pid, likewise")
 	fs.Parse(args)
@@ -307,6 +308,7 @@ func client(mode string, args []string) error {
 		tr.DisableKeepAlives = true
 		c := &http.Client{Transport: tr, Timeout: 30 * time.Second}
 		var lat []time.Duration
+		var starts []time.Time
 		for range *n {
 			t0 := time.Now()
 			if err := get(c, base+"/small", ""); err != nil {
@@ -314,8 +316,14 @@ func client(mode string, args []string) error {
 				continue
 			}
 			lat = append(lat, time.Since(t0))
+			starts = append(starts, t0)
 		}
 		res.N = len(lat)
+		if *trace != "" {
+			if err := writeTrace(*trace, starts, lat); err != nil {
+				return err
+			}
+		}
 		res.P50us, res.P99us = pct(lat, 50), pct(lat, 99)
 	case "throughput":
 		c := &http.Client{Transport: tr}
@@ -412,6 +420,19 @@ func get(c *http.Client, u, header string) error {
 		return fmt.Errorf("status %d", resp.StatusCode)
 	}
 	return err
+}
+
+// writeTrace writes one "start duration" line per request, in µs, before
+// pct sorts the durations.
+func writeTrace(path string, starts []time.Time, lat []time.Duration) error {
+	var b []byte
+	for i, t := range starts {
+		b = strconv.AppendInt(b, t.UnixMicro(), 10)
+		b = append(b, ' ')
+		b = strconv.AppendInt(b, lat[i].Microseconds(), 10)
+		b = append(b, '\n')
+	}
+	return os.WriteFile(path, b, 0o644)
 }
 
 func pct(d []time.Duration, p int) float64 {
