@@ -36,10 +36,18 @@ type Finding struct {
 // when set, is appended to Where (with a space) in a finding's reason: a
 // header's part is {Where: "header", Name: "X-Api-Key"}, so no string is
 // built per header unless a finding names it.
+//
+// Fold marks a part whose letters' case is not the sender's: a header
+// name, which net/http canonicalizes before anything here sees it (HTTP/2
+// sends it lowered). Such a part is inspected with its ASCII letters
+// lowered, against the real values, placeholders and secret patterns
+// lowered too: an agent can pick any case for a key it writes into a name,
+// so what the key is but for its letters' case counts as the key.
 type Part struct {
 	Where string
 	Name  string
 	Data  []byte
+	Fold  bool
 }
 
 // Set is a configured list of inspectors. Immutable after New.
@@ -51,6 +59,8 @@ type Set struct {
 	// ph finds placeholders, to mask them and to report which secret's
 	// placeholder a request carries.
 	ph *redact.Matcher
+	// realFold and phFold are real and ph lowered, for Fold parts.
+	realFold, phFold *redact.Matcher
 	// hold is how many bytes a Stream keeps back (see Stream).
 	realHold, phHold, runHold int
 	// names is what Names returns; patIdx is the secret_patterns entry
@@ -116,6 +126,7 @@ func New(list []policy.Inspector, real *redact.Matcher, placeholders map[string]
 		}
 		s.list = append(s.list, in)
 	}
+	s.realFold, s.phFold = s.real.Folded(), s.ph.Folded()
 	s.realHold = max(0, s.real.MaxLen()-1)
 	s.phHold = max(0, s.ph.MaxLen()-1)
 	s.names = []string{policy.InspectRealValues}
@@ -151,6 +162,35 @@ type pattern struct {
 
 var patterns = patternsInit[:]
 
+// patternSet is a pattern list and the bytes its anchors start with.
+type patternSet struct {
+	list  []pattern
+	first [256]bool
+}
+
+func newPatternSet(list []pattern) *patternSet {
+	ps := &patternSet{list: list}
+	for _, p := range list {
+		for _, a := range p.anchors {
+			ps.first[a[0]] = true
+		}
+	}
+	return ps
+}
+
+// exact is patterns as written; folded is them for Fold parts: anchors
+// lowered, regexps without case (the part's bytes are lowered).
+var exact, folded = newPatternSet(patterns), func() *patternSet {
+	list := make([]pattern, len(patterns))
+	for i, p := range patterns {
+		list[i] = pattern{name: p.name, re: regexp.MustCompile("(?i)" + p.re.String())}
+		for _, a := range p.anchors {
+			list[i].anchors = append(list[i].anchors, strings.ToLower(a))
+		}
+	}
+	return newPatternSet(list)
+}()
+
 var patternsInit = [...]pattern{
 	{"anthropic-key", []string{"sk-ant-"}, regexp.MustCompile(`sk-ant-[A-Za-z0-9_-]{20,}`)},
 	{"openai-key", []string{"sk-"}, regexp.MustCompile(`sk-(?:proj|svcacct|admin)-[A-Za-z0-9_-]{40,}|sk-[A-Za-z0-9]{20}T3BlbkFJ[A-Za-z0-9]{20}`)},
@@ -165,31 +205,21 @@ var patternsInit = [...]pattern{
 	{"private-key", []string{"-----BEGIN "}, regexp.MustCompile(`-----BEGIN (?:[A-Z]+ )?PRIVATE KEY-----`)},
 }
 
-// anchorFirst marks the bytes some pattern's anchor starts with.
-var anchorFirst = func() (t [256]bool) {
-	for _, p := range patterns {
-		for _, a := range p.anchors {
-			t[a[0]] = true
-		}
-	}
-	return t
-}()
-
-// anchoredIn sets hit[i] when some anchor of patterns[i] occurs in b: one
+// anchoredIn sets hit[i] when some anchor of ps.list[i] occurs in b: one
 // pass over b for every pattern, rather than one search per anchor (a
 // request head is a dozen short parts, where the searches' set-up cost
 // dominated).
-func anchoredIn(b []byte, hit *[len(patternsInit)]bool) bool {
+func (ps *patternSet) anchoredIn(b []byte, hit *[len(patternsInit)]bool) bool {
 	found := false
 	for i, c := range b {
-		if !anchorFirst[c] {
+		if !ps.first[c] {
 			continue
 		}
-		for j := range patterns {
+		for j := range ps.list {
 			if hit[j] {
 				continue
 			}
-			for _, a := range patterns[j].anchors {
+			for _, a := range ps.list[j].anchors {
 				if a[0] == c && len(b)-i >= len(a) && string(b[i:i+len(a)]) == a {
 					hit[j], found = true, true
 					break
@@ -226,7 +256,7 @@ func (s *Set) Inspect(parts []Part) ([]Finding, []string) {
 	for _, p := range parts {
 		// One stream, reset per part, so its buffers are reused (and
 		// kept for the next call: what it returns are copies).
-		*st = Stream{s: s, where: p.Where, name: p.Name, raw: st.raw[:0], masked: st.masked[:0], tok: st.tok[:0]}
+		*st = Stream{s: s, where: p.Where, name: p.Name, fold: p.Fold, raw: st.raw[:0], masked: st.masked[:0], tok: st.tok[:0]}
 		st.Write(p.Data)
 		st.Close()
 		if len(st.findings) > 0 {
