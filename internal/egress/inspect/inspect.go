@@ -153,7 +153,8 @@ func (s *Set) Names() []string { return s.names }
 
 // pattern is a known secret format. A regexp runs only where one of its
 // literal anchors occurs: most bodies contain none, and the regexps (with
-// \b) cost far more than a substring search.
+// \b) cost far more than a substring search. Anchors are 2 bytes or longer
+// (patternSet indexes their first two).
 type pattern struct {
 	name    string
 	anchors []string
@@ -162,17 +163,28 @@ type pattern struct {
 
 var patterns = patternsInit[:]
 
-// patternSet is a pattern list and the bytes its anchors start with.
+// patternSet is a pattern list and an index of its anchors: the anchors'
+// first two bytes (a bitset, so most bytes cost one lookup; lowered names
+// are full of "a" and "s", which start folded anchors) and, per first byte,
+// the anchors starting with it.
 type patternSet struct {
-	list  []pattern
-	first [256]bool
+	list    []pattern
+	first2  [1 << 16 / 64]uint64
+	byFirst [256][]anchorRef
+}
+
+type anchorRef struct {
+	pat int
+	a   string
 }
 
 func newPatternSet(list []pattern) *patternSet {
 	ps := &patternSet{list: list}
-	for _, p := range list {
+	for i, p := range list {
 		for _, a := range p.anchors {
-			ps.first[a[0]] = true
+			k := uint16(a[0])<<8 | uint16(a[1])
+			ps.first2[k/64] |= 1 << (k % 64)
+			ps.byFirst[a[0]] = append(ps.byFirst[a[0]], anchorRef{i, a})
 		}
 	}
 	return ps
@@ -211,19 +223,13 @@ var patternsInit = [...]pattern{
 // dominated).
 func (ps *patternSet) anchoredIn(b []byte, hit *[len(patternsInit)]bool) bool {
 	found := false
-	for i, c := range b {
-		if !ps.first[c] {
+	for i := 0; i+1 < len(b); i++ {
+		if k := uint16(b[i])<<8 | uint16(b[i+1]); ps.first2[k/64]&(1<<(k%64)) == 0 {
 			continue
 		}
-		for j := range ps.list {
-			if hit[j] {
-				continue
-			}
-			for _, a := range ps.list[j].anchors {
-				if a[0] == c && len(b)-i >= len(a) && string(b[i:i+len(a)]) == a {
-					hit[j], found = true, true
-					break
-				}
+		for _, r := range ps.byFirst[b[i]] {
+			if !hit[r.pat] && len(b)-i >= len(r.a) && string(b[i:i+len(r.a)]) == r.a {
+				hit[r.pat], found = true, true
 			}
 		}
 	}
