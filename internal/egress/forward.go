@@ -210,7 +210,8 @@ func headerHasToken(h http.Header, name, token string) bool {
 func headParts(r *http.Request) []inspect.Part {
 	uri := r.URL.RequestURI()
 	n := len(uri)
-	for _, vs := range r.Header {
+	for k, vs := range r.Header {
+		n += len(k)
 		for _, v := range vs {
 			n += len(v)
 		}
@@ -220,7 +221,7 @@ func headParts(r *http.Request) []inspect.Part {
 		buf = append(buf, s...)
 		return buf[len(buf)-len(s) : len(buf) : len(buf)]
 	}
-	parts := make([]inspect.Part, 0, 2+len(r.Header))
+	parts := make([]inspect.Part, 0, 2+2*len(r.Header))
 	parts = append(parts, inspect.Part{Where: "url", Data: take(uri)})
 	// A value percent-encoded in the URL is inspected decoded too.
 	if u, err := url.PathUnescape(uri); err == nil && u != uri {
@@ -232,6 +233,11 @@ func headParts(r *http.Request) []inspect.Part {
 	}
 	sort.Strings(names)
 	for _, k := range names {
+		// The name is a part too: an agent can write a key as a name as
+		// well as a value. Its label does not repeat it (a finding would
+		// quote the key), and it is matched without case (inspect.Part's
+		// Fold: net/http has changed its letters' case already).
+		parts = append(parts, inspect.Part{Where: "header name", Data: take(k), Fold: true})
 		for _, v := range r.Header[k] {
 			// Basic credentials are inspected decoded: that is where a
 			// placeholder or a real value sits, and the encoded form of a

@@ -36,10 +36,18 @@ type Finding struct {
 // when set, is appended to Where (with a space) in a finding's reason: a
 // header's part is {Where: "header", Name: "X-Api-Key"}, so no string is
 // built per header unless a finding names it.
+//
+// Fold marks a part whose letters' case is not the sender's: a header
+// name, which net/http canonicalizes before anything here sees it (HTTP/2
+// sends it lowered). Such a part is inspected with its ASCII letters
+// lowered, against the real values, placeholders and secret patterns
+// lowered too: an agent can pick any case for a key it writes into a name,
+// so what the key is but for its letters' case counts as the key.
 type Part struct {
 	Where string
 	Name  string
 	Data  []byte
+	Fold  bool
 }
 
 // Set is a configured list of inspectors. Immutable after New.
@@ -51,6 +59,8 @@ type Set struct {
 	// ph finds placeholders, to mask them and to report which secret's
 	// placeholder a request carries.
 	ph *redact.Matcher
+	// realFold and phFold are real and ph lowered, for Fold parts.
+	realFold, phFold *redact.Matcher
 	// hold is how many bytes a Stream keeps back (see Stream).
 	realHold, phHold, runHold int
 	// names is what Names returns; patIdx is the secret_patterns entry
@@ -116,6 +126,7 @@ func New(list []policy.Inspector, real *redact.Matcher, placeholders map[string]
 		}
 		s.list = append(s.list, in)
 	}
+	s.realFold, s.phFold = s.real.Folded(), s.ph.Folded()
 	s.realHold = max(0, s.real.MaxLen()-1)
 	s.phHold = max(0, s.ph.MaxLen()-1)
 	s.names = []string{policy.InspectRealValues}
@@ -142,7 +153,8 @@ func (s *Set) Names() []string { return s.names }
 
 // pattern is a known secret format. A regexp runs only where one of its
 // literal anchors occurs: most bodies contain none, and the regexps (with
-// \b) cost far more than a substring search.
+// \b) cost far more than a substring search. Anchors are 2 bytes or longer
+// (patternSet indexes their first two).
 type pattern struct {
 	name    string
 	anchors []string
@@ -150,6 +162,46 @@ type pattern struct {
 }
 
 var patterns = patternsInit[:]
+
+// patternSet is a pattern list and an index of its anchors: the anchors'
+// first two bytes (a bitset, so most bytes cost one lookup; lowered names
+// are full of "a" and "s", which start folded anchors) and, per first byte,
+// the anchors starting with it.
+type patternSet struct {
+	list    []pattern
+	first2  [1 << 16 / 64]uint64
+	byFirst [256][]anchorRef
+}
+
+type anchorRef struct {
+	pat int
+	a   string
+}
+
+func newPatternSet(list []pattern) *patternSet {
+	ps := &patternSet{list: list}
+	for i, p := range list {
+		for _, a := range p.anchors {
+			k := uint16(a[0])<<8 | uint16(a[1])
+			ps.first2[k/64] |= 1 << (k % 64)
+			ps.byFirst[a[0]] = append(ps.byFirst[a[0]], anchorRef{i, a})
+		}
+	}
+	return ps
+}
+
+// exact is patterns as written; folded is them for Fold parts: anchors
+// lowered, regexps without case (the part's bytes are lowered).
+var exact, folded = newPatternSet(patterns), func() *patternSet {
+	list := make([]pattern, len(patterns))
+	for i, p := range patterns {
+		list[i] = pattern{name: p.name, re: regexp.MustCompile("(?i)" + p.re.String())}
+		for _, a := range p.anchors {
+			list[i].anchors = append(list[i].anchors, strings.ToLower(a))
+		}
+	}
+	return newPatternSet(list)
+}()
 
 var patternsInit = [...]pattern{
 	{"anthropic-key", []string{"sk-ant-"}, regexp.MustCompile(`sk-ant-[A-Za-z0-9_-]{20,}`)},
@@ -165,35 +217,19 @@ var patternsInit = [...]pattern{
 	{"private-key", []string{"-----BEGIN "}, regexp.MustCompile(`-----BEGIN (?:[A-Z]+ )?PRIVATE KEY-----`)},
 }
 
-// anchorFirst marks the bytes some pattern's anchor starts with.
-var anchorFirst = func() (t [256]bool) {
-	for _, p := range patterns {
-		for _, a := range p.anchors {
-			t[a[0]] = true
-		}
-	}
-	return t
-}()
-
-// anchoredIn sets hit[i] when some anchor of patterns[i] occurs in b: one
+// anchoredIn sets hit[i] when some anchor of ps.list[i] occurs in b: one
 // pass over b for every pattern, rather than one search per anchor (a
 // request head is a dozen short parts, where the searches' set-up cost
 // dominated).
-func anchoredIn(b []byte, hit *[len(patternsInit)]bool) bool {
+func (ps *patternSet) anchoredIn(b []byte, hit *[len(patternsInit)]bool) bool {
 	found := false
-	for i, c := range b {
-		if !anchorFirst[c] {
+	for i := 0; i+1 < len(b); i++ {
+		if k := uint16(b[i])<<8 | uint16(b[i+1]); ps.first2[k/64]&(1<<(k%64)) == 0 {
 			continue
 		}
-		for j := range patterns {
-			if hit[j] {
-				continue
-			}
-			for _, a := range patterns[j].anchors {
-				if a[0] == c && len(b)-i >= len(a) && string(b[i:i+len(a)]) == a {
-					hit[j], found = true, true
-					break
-				}
+		for _, r := range ps.byFirst[b[i]] {
+			if !hit[r.pat] && len(b)-i >= len(r.a) && string(b[i:i+len(r.a)]) == r.a {
+				hit[r.pat], found = true, true
 			}
 		}
 	}
@@ -226,7 +262,7 @@ func (s *Set) Inspect(parts []Part) ([]Finding, []string) {
 	for _, p := range parts {
 		// One stream, reset per part, so its buffers are reused (and
 		// kept for the next call: what it returns are copies).
-		*st = Stream{s: s, where: p.Where, name: p.Name, raw: st.raw[:0], masked: st.masked[:0], tok: st.tok[:0]}
+		*st = Stream{s: s, where: p.Where, name: p.Name, fold: p.Fold, raw: st.raw[:0], masked: st.masked[:0], tok: st.tok[:0]}
 		st.Write(p.Data)
 		st.Close()
 		if len(st.findings) > 0 {

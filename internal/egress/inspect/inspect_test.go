@@ -2,6 +2,7 @@ package inspect
 
 import (
 	"encoding/base64"
+	"net/http"
 	"strings"
 	"testing"
 
@@ -147,5 +148,46 @@ func BenchmarkStream(b *testing.B) {
 			st.Write(chunk)
 		}
 		st.Close()
+	}
+}
+
+// A Fold part (a header name, canonicalized by net/http) is matched
+// without ASCII case: a key whose letters' case net/http changed still
+// counts as the key, for patterns, real values and placeholders alike. The
+// same bytes in an exact part are not a pattern match (the patterns are
+// case-sensitive there: "akia…" in a body is no AWS key). A name with no
+// anchor in it costs no allocation.
+func TestInspectFoldedName(t *testing.T) {
+	real := "sk-ant-api03-REALVALUEabcdefghijklmnopqrstuvwxyz012345"
+	ph := "sk-ant-api03-PLACEHOLDERqwertyuiopasdfghjklzxcvbnm0123"
+	set, err := New([]policy.Inspector{{Name: policy.InspectSecretPatterns, Action: policy.ActionBlock}},
+		realMatcher(t, real, ph), map[string]string{"anthropic": ph})
+	if err != nil {
+		t.Fatal(err)
+	}
+	canon := func(s string) string { return http.CanonicalHeaderKey(s) }
+	for _, tc := range []struct{ name, data, want string }{
+		{"aws", canon("AKIAIOSFODNN7EXAMPLE"), "aws-access-key-id pattern in header name"},
+		{"anthropic", canon("sk-ant-api03-" + strings.Repeat("Zq9", 20)), "anthropic-key pattern in header name"},
+		{"real value", canon(real), "real value of secret anthropic (raw form) in header name"},
+	} {
+		fs, _ := set.Inspect([]Part{{Where: "header name", Data: []byte(tc.data), Fold: true}})
+		if len(fs) == 0 || fs[0].Reason != tc.want || !Blocked(fs) {
+			t.Errorf("%s: folded findings %+v, want first %q", tc.name, fs, tc.want)
+		}
+		if tc.name != "real value" {
+			if fs, _ := set.Inspect([]Part{{Where: "body", Data: []byte(tc.data)}}); len(fs) != 0 {
+				t.Errorf("%s: exact part %q gave %+v, want none", tc.name, tc.data, fs)
+			}
+		}
+	}
+	fs, phs := set.Inspect([]Part{{Where: "header name", Data: []byte(canon(ph)), Fold: true}})
+	if len(fs) != 0 || len(phs) != 1 || phs[0] != "anthropic" {
+		t.Errorf("placeholder as a name: findings %+v placeholders %v, want none and anthropic", fs, phs)
+	}
+	parts := []Part{{Where: "header name", Data: []byte("Accept-Encoding"), Fold: true}, {Where: "header name", Data: []byte("X-Request-Id"), Fold: true}}
+	set.Inspect(parts)
+	if n := testing.AllocsPerRun(100, func() { set.Inspect(parts) }); n != 0 {
+		t.Errorf("inspecting ordinary names allocates %v times, want 0", n)
 	}
 }

@@ -29,6 +29,7 @@ type Stream struct {
 	s     *Set
 	where string
 	name  string // appended to where in reasons (Part.Name)
+	fold  bool   // Part.Fold: bytes are lowered, matched lowered
 
 	raw, masked []byte // from absolute offset base
 	base        int64
@@ -88,7 +89,10 @@ func (st *Stream) Len() int64 { return st.total }
 func (st *Stream) Write(p []byte) []byte {
 	st.compact()
 	st.raw = append(st.raw, p...)
-	st.masked = append(st.masked, p...)
+	if st.fold {
+		lowerASCII(st.raw[len(st.raw)-len(p):])
+	}
+	st.masked = append(st.masked, st.raw[len(st.raw)-len(p):]...)
 	st.total += int64(len(p))
 	return st.process()
 }
@@ -141,8 +145,12 @@ func (st *Stream) process() []byte {
 		realTo, m, r = a, a, a
 	}
 	off := func(x int64) int { return int(x - st.base) }
+	real, ph := s.real, s.ph
+	if st.fold {
+		real, ph = s.realFold, s.phFold
+	}
 	if realTo > st.realScan {
-		end := s.real.Scan(st.raw, off(max(st.realScan, st.base)), off(realTo), func(x redact.Match) {
+		end := real.Scan(st.raw, off(max(st.realScan, st.base)), off(realTo), func(x redact.Match) {
 			st.add(Finding{policy.InspectRealValues, policy.ActionBlock, fmt.Sprintf("real value of secret %s (%s form) in %s", x.Form.Secret, x.Form.Kind, st.loc())})
 		}, func(f *redact.Form, n int) {
 			st.add(Finding{policy.InspectRealValues, policy.ActionFlag, fmt.Sprintf("near-match of secret %s (a %d-byte prefix of its %s form) in %s", f.Secret, n, f.Kind, st.loc())})
@@ -150,7 +158,7 @@ func (st *Stream) process() []byte {
 		st.realScan = st.base + int64(end)
 	}
 	if m > st.phScan {
-		end := s.ph.Scan(st.masked, off(max(st.phScan, st.base)), off(m), func(x redact.Match) {
+		end := ph.Scan(st.masked, off(max(st.phScan, st.base)), off(m), func(x redact.Match) {
 			copy(st.masked[x.Offset:], x.Form.Placeholder)
 			if !slices.Contains(st.phNames, x.Form.Secret) {
 				st.phNames = append(st.phNames, x.Form.Secret)
@@ -190,13 +198,17 @@ func (st *Stream) patterns(m int64) {
 		lead = 1
 	}
 	win := st.masked[from-lead-st.base : m-st.base]
+	ps := exact
+	if st.fold {
+		ps = folded
+	}
 	var hit [len(patternsInit)]bool
-	if !anchoredIn(win, &hit) {
+	if !ps.anchoredIn(win, &hit) {
 		st.rgFrom = max(st.rgFrom, m-regexSpan)
 		return
 	}
-	for i := range patterns {
-		pat := &patterns[i]
+	for i := range ps.list {
+		pat := &ps.list[i]
 		if !hit[i] {
 			continue
 		}
@@ -279,6 +291,15 @@ func (st *Stream) judgeToken() {
 		if e := Entropy(st.tok); e >= bits {
 			st.entDone = true
 			st.add(Finding{in.Name, in.Action, fmt.Sprintf("high-entropy token (%.1f bits/byte, %d+ bytes) in %s", e, len(st.tok), st.loc())})
+		}
+	}
+}
+
+// lowerASCII lowers b's ASCII letters in place (a Fold part's bytes).
+func lowerASCII(b []byte) {
+	for i, c := range b {
+		if 'A' <= c && c <= 'Z' {
+			b[i] = c + 'a' - 'A'
 		}
 	}
 }

@@ -184,6 +184,11 @@ func (m *Matcher) Name(k string, res *Result) string {
 	return m.String(k, res)
 }
 
+// Folded matches the forms with ASCII letters lowered, over bytes lowered
+// the same way: for a header name inspected outbound (see Name). It is
+// never nil; its own Folded is.
+func (m *Matcher) Folded() *Matcher { return m.fold }
+
 // mayMatchLower is mayMatch of s with its ASCII letters lowered.
 func (m *Matcher) mayMatchLower(s string) bool {
 	for i := 0; i+1 < len(s); i++ {
