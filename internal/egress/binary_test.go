@@ -196,8 +196,25 @@ func TestFloodRSS(t *testing.T) {
 	for _, w := range writers {
 		w.CloseWithError(io.ErrUnexpectedEOF)
 	}
-	waitFor(t, "the gateway serves again", func() bool {
-		code, _, _, err := h.do(h.client(false), "GET", h.httpURL("plain.example.com", "/after-flood"), nil, "")
-		return err == nil && code == http.StatusOK
-	})
+	// The gateway serves again, and did not die on the way (a gateway that
+	// crashed leaves its panic in its log, and no listener).
+	var code int
+	var err error
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		code, _, _, err = h.do(h.client(false), "GET", h.httpURL("plain.example.com", "/after-flood"), nil, "")
+		if (err == nil && code == http.StatusOK) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	h.logMu.Lock()
+	log := h.logBuf.String()
+	h.logMu.Unlock()
+	if i := strings.Index(log, "panic:"); i >= 0 {
+		t.Fatalf("the gateway crashed under the flood:\n%s", log[i:min(len(log), i+3000)])
+	}
+	if err != nil || code != http.StatusOK {
+		t.Fatalf("the gateway does not serve 10 s after the flood ended: last answer %d, error %v", code, err)
+	}
 }

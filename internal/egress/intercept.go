@@ -197,6 +197,6 @@ func (g *Gateway) serveInner(w http.ResponseWriter, r *http.Request, t *target, 
 		}
 		defer release()
 	}
-	g.limitBody(w, r, t.st)
+	defer g.limitBody(w, r, t.st)()
 	g.forwardWith(w, r, t, rec, start, up, "https")
 }

@@ -81,38 +81,103 @@ func (e errBodyStalled) Error() string {
 // deadlineBody sets the connection's (or HTTP/2 stream's) read deadline
 // before each read of the request body, and clears it at the end so a
 // long response on the same request is not cut off.
+//
+// The upstream client may still read the body after the handler has
+// returned (net/http's HTTP/2 Transport writes a request body on a
+// goroutine of its own that outlives RoundTrip), but the ResponseWriter and
+// the body are dead then: net/http's HTTP/2 stream writer dereferences nil
+// once its handler is done, which crashed the gateway under an agent that
+// reset streams mid-upload (TestFloodRSS: about one run in ten before). detach,
+// run as the handler returns, wakes a read in flight, waits for it, and
+// makes every later read fail without touching either.
 type deadlineBody struct {
 	io.ReadCloser
 	rc       *http.ResponseController
 	idle     time.Duration
 	deadline time.Time
+
+	mu       sync.Mutex
+	done     bool // the handler returned
+	inflight int  // Reads in flight (under mu)
+	reading  sync.WaitGroup
 }
 
-// limitBody puts r's body under the body read timeouts.
-func (g *Gateway) limitBody(w http.ResponseWriter, r *http.Request, st *state) {
+// errBodyDetached is what the upstream client reads from a request body
+// once the handler that owned it has returned.
+var errBodyDetached = errors.New("request body read after its handler returned")
+
+// limitBody puts r's body under the body read timeouts. The handler must
+// call the returned detach before it returns.
+func (g *Gateway) limitBody(w http.ResponseWriter, r *http.Request, st *state) (detach func()) {
 	if r.Body == nil || r.Body == http.NoBody {
+		return func() {}
+	}
+	b := &deadlineBody{ReadCloser: r.Body, rc: http.NewResponseController(w), idle: min(bodyIdleTimeout, st.idle), deadline: time.Now().Add(min(bodyTimeout, st.idle))}
+	r.Body = b
+	return b.detach
+}
+
+func (b *deadlineBody) detach() {
+	b.mu.Lock()
+	if b.done {
+		b.mu.Unlock()
 		return
 	}
-	r.Body = &deadlineBody{ReadCloser: r.Body, rc: http.NewResponseController(w), idle: min(bodyIdleTimeout, st.idle), deadline: time.Now().Add(min(bodyTimeout, st.idle))}
+	b.done = true
+	if b.inflight > 0 {
+		// Still the handler's: a read blocked on the agent returns now.
+		_ = b.rc.SetReadDeadline(time.Now())
+	}
+	b.mu.Unlock()
+	b.reading.Wait()
 }
 
 func (b *deadlineBody) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	if b.done {
+		b.mu.Unlock()
+		return 0, errBodyDetached
+	}
+	b.inflight++
+	b.reading.Add(1)
+	defer b.readDone()
 	d := time.Now().Add(b.idle)
 	if b.deadline.Before(d) {
 		d = b.deadline
 	}
 	_ = b.rc.SetReadDeadline(d)
+	b.mu.Unlock()
 	n, err := b.ReadCloser.Read(p)
 	switch {
 	case err == nil:
 	case errors.Is(err, os.ErrDeadlineExceeded):
+		if b.isDone() {
+			return n, errBodyDetached
+		}
 		what := "stalled"
 		if !time.Now().Before(b.deadline) {
 			what = "took too long"
 		}
 		return n, errBodyStalled{what}
 	default:
-		_ = b.rc.SetReadDeadline(time.Time{})
+		b.mu.Lock()
+		if !b.done {
+			_ = b.rc.SetReadDeadline(time.Time{})
+		}
+		b.mu.Unlock()
 	}
 	return n, err
+}
+
+func (b *deadlineBody) readDone() {
+	b.mu.Lock()
+	b.inflight--
+	b.mu.Unlock()
+	b.reading.Done()
+}
+
+func (b *deadlineBody) isDone() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.done
 }

@@ -136,7 +136,7 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	t := &target{st: st, host: host, port: port, dst: dst, aliases: aliases, rule: dec.Rule}
-	g.limitBody(w, r, t.st)
+	defer g.limitBody(w, r, t.st)()
 	g.forward(w, r, t, rec, start)
 }
 

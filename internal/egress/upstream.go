@@ -54,6 +54,11 @@ const (
 	// IdleConnTimeout), at most maxIdlePerHost of them per host.
 	upstreamIdle   = 90 * time.Second
 	maxIdlePerHost = 64
+	// maxIdleTotal bounds the idle list over all hosts (the Transport's
+	// MaxIdleConns): without it an agent allowed a wildcard could park
+	// an idle upstream connection for every name it can resolve, each
+	// holding a descriptor and TLS buffers for upstreamIdle.
+	maxIdleTotal = 128
 	// max1xx bounds informational responses before the final one.
 	max1xx = 5
 	// writeWait is how long a finished response waits for its request
@@ -143,6 +148,7 @@ func (c *upConn) close() { _ = c.tc.Close() }
 type upPool struct {
 	mu   sync.Mutex
 	idle map[upKey][]*upConn
+	n    int // connections in idle, over all keys
 }
 
 func (p *upPool) get(k upKey) *upConn {
@@ -154,6 +160,7 @@ func (p *upPool) get(k upKey) *upConn {
 	}
 	c := cs[len(cs)-1]
 	cs[len(cs)-1] = nil
+	p.n--
 	if len(cs) == 1 {
 		delete(p.idle, k)
 	} else {
@@ -169,11 +176,12 @@ func (p *upPool) put(c *upConn) {
 	if p.idle == nil {
 		p.idle = map[upKey][]*upConn{}
 	}
-	if len(p.idle[c.key]) >= maxIdlePerHost {
+	if len(p.idle[c.key]) >= maxIdlePerHost || p.n >= maxIdleTotal {
 		c.close()
 		return
 	}
 	p.idle[c.key] = append(p.idle[c.key], c)
+	p.n++
 	c.timer = time.AfterFunc(upstreamIdle, func() { p.expire(c) })
 }
 
@@ -185,6 +193,7 @@ func (p *upPool) expire(c *upConn) {
 	for i, x := range cs {
 		if x == c {
 			cs = append(cs[:i], cs[i+1:]...)
+			p.n--
 			if len(cs) == 0 {
 				delete(p.idle, c.key)
 			} else {
