@@ -165,4 +165,3 @@ func TestBodyDecoderClosedUnderTransportRead(t *testing.T) {
 	}
 	waitFor(t, "an audit record per upload", func() bool { return count() == attempts })
 }
-
