@@ -309,6 +309,14 @@ func outbound(r *http.Request, t *target, scheme string, body *bodyStream) *http
 // streams (inspect.Stream), in bounded memory, never buffered whole. A
 // blocking finding stops it; the transport then aborts the request, so the
 // upstream never receives the offending bytes.
+//
+// The upstream client may go on reading it after the handler has returned
+// (net/http's Transport writes a body on a goroutine of its own), while the
+// handler closes its decoders: a zstd decoder closed under a Read
+// dereferences nil, which killed the gateway. close detaches the agent's
+// body (waking a Read blocked on the agent), waits for the Read in flight
+// (rd), and every later Read fails; the inspection state the handler reads
+// while a Read may run (flags) is under mu.
 type bodyStream struct {
 	src    io.Reader
 	closer func()
@@ -319,6 +327,10 @@ type bodyStream struct {
 	length int64 // for the upstream request; -1 when decoded or unknown
 	buf    []byte
 	out    []byte
+	detach func() // limitBody's, when the agent's body is under it
+
+	rd     sync.Mutex // held by Read, and by close
+	closed bool       // under rd
 
 	mu    sync.Mutex
 	block *blockedErr
@@ -336,6 +348,9 @@ func inspectBody(st *state, t *target, r *http.Request) (*bodyStream, *blockedEr
 		return b, nil
 	}
 	b.src = r.Body
+	if db, ok := r.Body.(*deadlineBody); ok {
+		b.detach = db.detach
+	}
 	if cs := codings(r.Header); len(cs) > 0 {
 		dec, closer, err := decodeBody(r.Body, cs)
 		if err != nil {
@@ -364,6 +379,11 @@ func (b *bodyStream) prime() *blockedErr {
 }
 
 func (b *bodyStream) Read(p []byte) (int, error) {
+	b.rd.Lock()
+	defer b.rd.Unlock()
+	if b.closed {
+		return 0, errBodyDetached
+	}
 	if err := b.pull(); err != nil {
 		return 0, err
 	}
@@ -388,6 +408,7 @@ func (b *bodyStream) pull() error {
 			return nil
 		}
 		n, err := b.src.Read(b.buf)
+		b.mu.Lock()
 		if n > 0 {
 			b.out = b.ins.Write(b.buf[:n])
 		}
@@ -397,7 +418,9 @@ func (b *bodyStream) pull() error {
 			// read's bytes are overwritten by what Close moves down.
 			b.out = append(append([]byte(nil), b.out...), b.ins.Close()...)
 			b.eof = true
-		} else if err != nil {
+		}
+		b.mu.Unlock()
+		if err != nil && err != io.EOF {
 			return err
 		}
 		if blk := b.check(); blk != nil {
@@ -411,6 +434,8 @@ func (b *bodyStream) pull() error {
 // check turns the stream's state into a refusal: over max_body, a
 // placeholder where its secret is not bound, or a blocking finding.
 func (b *bodyStream) check() *blockedErr {
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	var blk *blockedErr
 	if n := b.ins.Len(); n > b.st.maxBody {
 		blk = block(http.StatusRequestEntityTooLarge, "max-body-bytes", "request body exceeds %d bytes", b.st.maxBody)
@@ -419,12 +444,8 @@ func (b *bodyStream) check() *blockedErr {
 	} else if _, vb := verdict(b.ins.Findings()); vb != nil {
 		blk = vb
 	}
-	if blk != nil {
-		b.mu.Lock()
-		if b.block == nil {
-			b.block = blk
-		}
-		b.mu.Unlock()
+	if blk != nil && b.block == nil {
+		b.block = blk
 	}
 	return blk
 }
@@ -445,11 +466,23 @@ func (b *bodyStream) flags() []string {
 	if b.ins == nil {
 		return nil
 	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	f, _ := verdict(b.ins.Findings())
 	return f
 }
 
-func (b *bodyStream) close() { b.closer() }
+// close ends the body for the upstream client and closes its decoders;
+// the handler calls it as it returns.
+func (b *bodyStream) close() {
+	if b.detach != nil {
+		b.detach()
+	}
+	b.rd.Lock()
+	b.closed = true
+	b.rd.Unlock()
+	b.closer()
+}
 
 // Close is for the transport; the agent's body is closed by net/http.
 func (b *bodyStream) Close() error { return nil }
