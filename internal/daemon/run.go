@@ -476,10 +476,11 @@ func (d *Daemon) launchRun(ctx context.Context, r *run, agent *config.Agent, sto
 	}
 	// systemd has loaded the run's units and queued their jobs.
 	queued := time.Since(tStart)
+	var job string
 	select {
-	case res := <-ch:
-		if res != "done" {
-			return fail(fmt.Errorf("run %s: the cage did not start (job %s); see journalctl -u %s -u %s", r.name, res, unit, paths.Instance(paths.NetnsTemplate, r.name)))
+	case job = <-ch:
+		if job != "done" && !d.commandRan(ctx, unit) {
+			return fail(fmt.Errorf("run %s: the cage did not start (job %s); see journalctl -u %s -u %s", r.name, job, unit, paths.Instance(paths.NetnsTemplate, r.name)))
 		}
 	case <-ctx.Done():
 		return fail(fmt.Errorf("run %s: waiting for the start: %w", r.name, ctx.Err()))
@@ -490,6 +491,15 @@ func (d *Daemon) launchRun(ctx context.Context, r *run, agent *config.Agent, sto
 	r.active = true
 	r.up = time.Now()
 	d.log.Info("throw-away cage up", "name", r.name, "start_job", r.up.Sub(tStart).Round(time.Microsecond), "queued", queued.Round(time.Microsecond))
+	if job != "done" {
+		// The command ran and ended before systemd saw its exec complete
+		// (a quick non-zero exit under Type=exec fails the start job):
+		// it is a run that ended early, with the command's own status.
+		r.seenUp = true
+		if !isEnded(r.state) {
+			r.state = reconcile.State{Load: "loaded", Active: "failed", Sub: "failed"}
+		}
+	}
 	endedEarly := r.seenUp && isEnded(r.state)
 	if !r.seenUp {
 		r.state = reconcile.State{Load: "loaded", Active: "active", Sub: "running"}
@@ -805,6 +815,21 @@ func (d *Daemon) settleGateway(ctx context.Context, r *run) {
 	if err := d.units.Stop(ctx, gw); err != nil && !reconcile.IsNoSuchUnit(err) {
 		d.log.Warn("stop the throw-away cage's gateway before its summary", "name", r.name, "err", err)
 	}
+}
+
+// commandRan reports whether the unit's command itself ran and exited: a
+// start job fails too when a command exits non-zero at once, before systemd
+// has seen its exec complete. Exit statuses from 200 are systemd's own for a
+// command it could not set up (203/EXEC, 219/CGROUP, ...): those did not run.
+func (d *Daemon) commandRan(ctx context.Context, unit string) bool {
+	props, err := d.sd.GetUnitTypePropertiesContext(ctx, unit, "Service")
+	if err != nil {
+		return false
+	}
+	ts, _ := props["ExecMainStartTimestampMonotonic"].(uint64)
+	code, _ := props["ExecMainCode"].(int32)
+	status, _ := props["ExecMainStatus"].(int32)
+	return ts > 0 && code == 1 && status < 200 // CLD_EXITED
 }
 
 // exitStatus is the command's exit status as a shell reports it.

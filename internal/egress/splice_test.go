@@ -335,7 +335,7 @@ func TestSpliceSlowReaderIsNotIdle(t *testing.T) {
 		}
 		select {
 		case r := <-res:
-			t.Fatalf("relay ended while the reader read steadily: %+v", r)
+			t.Fatalf("relay ended while the reader read steadily: out %d in %d err %v", r.out, r.in, r.err)
 		default:
 		}
 	}
