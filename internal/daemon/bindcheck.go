@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"syscall"
 	"time"
 
 	sysunix "golang.org/x/sys/unix"
@@ -20,7 +19,15 @@ import (
 // runs with "cannot check what the cage sees ... no such file or
 // directory"). A process that has exited sees nothing any more, so a look
 // that fails because it is gone is not an error; one that fails while it
-// lives still is, and a directory seen to differ always is.
+// lives still is, and a directory seen to differ is too, unless the
+// process was dying as caged looked: a mount namespace whose last process
+// exits has its mounts detached (exit_task_namespaces), and a look that
+// got the process's root a moment before then finds the mount point under
+// the bind, a directory that differs (seen in CI's TestRunOnSystemd: "is
+// no longer the directory that was opened" for a `cat` that had already
+// printed the bound file). The kernel drops the root (exit_fs) before the
+// namespaces, so a process whose root still resolves after the look had
+// its namespace whole during it.
 
 // errReplaced: the cage sees another directory than the one opened.
 var errReplaced = errors.New("it was replaced")
@@ -75,11 +82,13 @@ func checkBindsOf(p *pinnedProcess, binds []verifiedBind, backend string, unveri
 		if backend == config.BackendNspawn {
 			at = b.Source
 		}
-		err := b.sameAs(fmt.Sprintf("/proc/%d/root%s", p.pid, at))
+		err := p.sees(b, at)
 		switch {
 		case err == nil:
+		case errors.Is(err, errReplaced) && p.dying():
+			return nil // seen as its namespace came apart: nothing to judge
 		case errors.Is(err, errReplaced):
-			return err // seen, and wrong: whether it has exited since or not
+			return err // seen, and wrong, while the cage was whole
 		case p.exited(exitGrace):
 			return nil // gone: nothing left to look at, or to see
 		case errors.Is(err, os.ErrPermission):
@@ -91,14 +100,38 @@ func checkBindsOf(p *pinnedProcess, binds []verifiedBind, backend string, unveri
 	return nil
 }
 
-// sameAs checks that p is the directory the caller opened.
-func (b verifiedBind) sameAs(p string) error {
-	var st syscall.Stat_t
-	if err := syscall.Stat(p, &st); err != nil {
-		return fmt.Errorf("cannot check what the cage sees at %s: %w", b.Source, &os.PathError{Op: "stat", Path: p, Err: err})
+// beforeLook runs between taking the process's root and looking inside
+// it; tests make the process die there, which no timing can do reliably.
+var beforeLook = func() {}
+
+// sees checks that the process sees the directory the caller opened at
+// path at (absolute, in its root).
+func (p *pinnedProcess) sees(b verifiedBind, at string) error {
+	rootPath := fmt.Sprintf("/proc/%d/root", p.pid)
+	root, err := sysunix.Open(rootPath, sysunix.O_PATH|sysunix.O_DIRECTORY|sysunix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("cannot check what the cage sees at %s: %w", b.Source, &os.PathError{Op: "open", Path: rootPath, Err: err})
 	}
-	if uint64(st.Dev) != b.dev || st.Ino != b.ino {
+	defer sysunix.Close(root)
+	beforeLook()
+	var st sysunix.Stat_t
+	if err := sysunix.Fstatat(root, "."+at, &st, 0); err != nil {
+		return fmt.Errorf("cannot check what the cage sees at %s: %w", b.Source, &os.PathError{Op: "stat", Path: rootPath + at, Err: err})
+	}
+	if st.Dev != b.dev || st.Ino != b.ino {
 		return fmt.Errorf("%s is no longer the directory that was opened (%w); refusing to bind it", b.Source, errReplaced)
 	}
 	return nil
+}
+
+// dying: the process has begun to exit (its root no longer resolves) or
+// has exited. Asked after a look, in this order: a root that resolves and
+// a pidfd not yet readable mean the process had its root, so its mount
+// namespace was whole, for the whole look.
+func (p *pinnedProcess) dying() bool {
+	var st sysunix.Stat_t
+	if err := sysunix.Stat(fmt.Sprintf("/proc/%d/root/", p.pid), &st); err != nil {
+		return true
+	}
+	return p.exited(0)
 }

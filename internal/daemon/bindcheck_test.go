@@ -2,17 +2,21 @@ package daemon
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	sysunix "golang.org/x/sys/unix"
 
 	"github.com/nixcage/nixcage/internal/config"
 	"github.com/nixcage/nixcage/internal/render"
+	"github.com/nixcage/nixcage/internal/testenv"
 )
 
 // bindOf is a verified bind of dir, as caged makes it from the caller's
@@ -103,4 +107,94 @@ func TestCheckBindsAlive(t *testing.T) {
 		t.Errorf("another directory in a live cage: %v, want replaced", err)
 	}
 
+}
+
+// A cage whose command dies as caged looks: its mount namespace goes with
+// its last process, which detaches the namespace's mounts, so a look that
+// took the root just before finds the directory under the bind, not the
+// bind. A real cage stands in: a process in its own mount namespace,
+// chrooted into a skeleton with /usr and the opened directory bound in
+// (as the service backend makes it); it is killed between the look
+// taking its root and looking inside. Before the fix caged refused such a
+// run as "no longer the directory that was opened" (CI's TestRunOnSystemd,
+// for a `cat` that had printed the bound file). While the cage lives, a
+// directory seen to differ is still refused.
+func TestCheckBindsCageDyingDuringTheLook(t *testing.T) {
+	testenv.RequirePrivileged(t)
+	for _, tool := range []string{"unshare", "mount", "chroot"} {
+		testenv.LookPath(t, tool)
+	}
+	base := t.TempDir()
+	opened := filepath.Join(base, "opened")
+	skel := filepath.Join(base, "skel")
+	for _, d := range []string{opened, filepath.Join(skel, "usr"), filepath.Join(skel, "workspace")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Debian's merged /usr: these are links into it.
+	for _, l := range []string{"bin", "lib", "lib64"} {
+		if target, err := os.Readlink("/" + l); err == nil {
+			if err := os.Symlink(target, filepath.Join(skel, l)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	good := bindOf(t, opened)
+	other := bindOf(t, base)
+
+	start := func(t *testing.T) *pinnedProcess {
+		cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c",
+			`mount --bind /usr "$1/usr" && mount --bind "$2" "$1/workspace" && exec chroot "$1" sleep 60`, "cage", skel, opened)
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		// Its binds are made once sleep runs in the skeleton: /proc/PID/exe
+		// is then the skeleton's view of sleep.
+		for i := 0; ; i++ {
+			if exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", cmd.Process.Pid)); strings.HasSuffix(exe, "/sleep") {
+				break
+			}
+			if i == 500 {
+				t.Fatal("the cage never ran sleep")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		p, err := pinProcess(cmd.Process.Pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		return p
+	}
+
+	t.Run("alive", func(t *testing.T) {
+		p := start(t)
+		if err := checkBindsOf(p, []verifiedBind{good}, config.BackendService, noUnverifiable(t)); err != nil {
+			t.Errorf("the opened directory in a live cage: %v", err)
+		}
+		if err := checkBindsOf(p, []verifiedBind{other}, config.BackendService, noUnverifiable(t)); !errors.Is(err, errReplaced) {
+			t.Errorf("another directory in a live cage: %v, want replaced", err)
+		}
+	})
+	t.Run("dying", func(t *testing.T) {
+		p := start(t)
+		beforeLook = func() {
+			syscall.Kill(p.pid, syscall.SIGKILL)
+			waitExited(t, p)
+		}
+		defer func() { beforeLook = func() {} }()
+		if err := checkBindsOf(p, []verifiedBind{good}, config.BackendService, noUnverifiable(t)); err != nil {
+			t.Errorf("the opened directory, looked at as the cage died: %v (want no error: what a dying namespace shows proves nothing)", err)
+		}
+		// The premise: the look did see something else. If a kernel ever
+		// keeps a dying namespace's mounts, this test proves nothing.
+		beforeLook = func() {}
+		var st syscall.Stat_t
+		if err := syscall.Stat(filepath.Join(skel, "workspace"), &st); err != nil || st.Ino == good.ino {
+			t.Fatalf("the skeleton's own mount point should differ from the opened directory: %v", err)
+		}
+	})
 }
