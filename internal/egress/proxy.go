@@ -252,17 +252,13 @@ func (g *Gateway) decideConnect(ctx context.Context, st *state, authority string
 const established = "HTTP/1.1 200 Connection established\r\n\r\n"
 
 // tunnel runs an admitted CONNECT on the agent's raw connection (conn's
-// slot is given back by release when the tunnel ends), on the caller's
-// goroutine until the tunnel ends. It answers 200; an intercepted tunnel
-// is then served here. A plain tunnel's upstream is dialled right after
-// the 200, while the agent reads it and builds its ClientHello, so the
-// connect leaves the critical path without a goroutine of its own; then
-// the SNI check (openTunnel), and the relay, one direction on this
-// goroutine and one on a goroutine of its own. (Until issue 20's sixth
-// pass the relay ran on a fresh goroutine, so that the stack this one grew
-// parsing the ClientHello was freed: that was a third goroutine start per
-// tunnel, with the wake-up of an idle thread it costs, for about 3 KiB
-// per open tunnel; docs/performance.md, "New-tunnel CPU".)
+// slot is given back by release when the tunnel ends). It answers 200;
+// an intercepted tunnel is then served on this goroutine until it ends. A
+// plain tunnel's upstream is dialled right after the 200, while the agent
+// reads it and builds its ClientHello, so the connect leaves the critical
+// path without a goroutine of its own; then the SNI check (openTunnel),
+// and the relay on fresh goroutines: this one has grown its stack parsing
+// the ClientHello and ends, so an idle tunnel holds two small stacks.
 func (g *Gateway) tunnel(conn net.Conn, release func(), pre []byte, t *target, rec audit.Record, start time.Time, intercepted bool) {
 	if _, err := io.WriteString(conn, established); err != nil {
 		conn.Close()
@@ -283,12 +279,14 @@ func (g *Gateway) tunnel(conn net.Conn, release func(), pre []byte, t *target, r
 		release()
 		return
 	}
-	defer release()
-	defer conn.Close()
-	defer up.Close()
-	lt, untrack := g.track(t, conn)
-	defer untrack()
-	g.relay(conn, up, t, rec, start, sent, lt)
+	go func() {
+		defer release()
+		defer conn.Close()
+		defer up.Close()
+		lt, untrack := g.track(t, conn)
+		defer untrack()
+		g.relay(conn, up, t, rec, start, sent, lt)
+	}()
 }
 
 // target is a vetted destination.
