@@ -31,6 +31,10 @@ wait_port() { for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/n
 # cost per tunnel and per request, which the load on this machine moves
 # far less than it moves wall-clock figures.
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# Context switches (voluntary and not) of a process, summed over its
+# threads: every thread put to sleep and woken is one, the steadier count
+# when the CPU time moves with the machine's load.
+ctx_switches() { cat /proc/"$1"/task/*/status | awk '/ctxt_switches/ {s += $2} END {print s}'; }
 
 # egress_prepare: cage-egress's bench config in $W/egress.json, for the
 # upstream on $UP_PORT: its full job (policy by name, resolution through

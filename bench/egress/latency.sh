@@ -46,10 +46,9 @@ echo "== building ($(date +%T))" >&2
 SQUID=$(command -v squid || true)
 [ -n "$SQUID" ] || echo "squid not found (apt-get install squid); skipping it" >&2
 
-# Per process, summed over its threads: context switches (voluntary and
-# not), and time spent runnable but waiting for a CPU (µs, schedstat's
-# second field); cpu_ticks is its CPU time.
-ctx_switches() { cat /proc/"$1"/task/*/status | awk '/ctxt_switches/ {s += $2} END {print s}'; }
+# Per process, summed over its threads: time spent runnable but waiting
+# for a CPU (µs, schedstat's second field); cpu_ticks is its CPU time,
+# ctx_switches its context switches (common.sh).
 runq_wait_us() { cat /proc/"$1"/task/*/schedstat | awk '{s += $2} END {printf "%d", s / 1000}'; }
 # stamp: prefixes each line with the wall clock, so a GC trace line can be
 # lined up with loadgen's request timestamps.

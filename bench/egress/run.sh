@@ -118,12 +118,12 @@ TCK=$(getconf CLK_TCK)
 # measure LABEL PID ARGS...: the three tunnel workloads with ARGS (-proxy
 # and -target), and PID's CPU time over each.
 measure() {
-  local label=$1 pid=$2 c0 c1 c2 c3; shift 2
-  c0=$(cpu_ticks "$pid"); lg latency -label "$label" "$@" -n "$N_LAT"
-  c1=$(cpu_ticks "$pid"); lg throughput -label "$label" "$@" -bytes "$BULK" -upstream-pid "$UP_PID" -proxy-pid "$pid"
+  local label=$1 pid=$2 c0 c1 c2 c3 s0 s1; shift 2
+  c0=$(cpu_ticks "$pid"); s0=$(ctx_switches "$pid"); lg latency -label "$label" "$@" -n "$N_LAT"
+  c1=$(cpu_ticks "$pid"); s1=$(ctx_switches "$pid"); lg throughput -label "$label" "$@" -bytes "$BULK" -upstream-pid "$UP_PID" -proxy-pid "$pid"
   c2=$(cpu_ticks "$pid"); lg rps -label "$label" "$@" -c 8 -d "$KA_SECS" -upstream-pid "$UP_PID" -proxy-pid "$pid"
   c3=$(cpu_ticks "$pid")
-  echo "{\"mode\":\"cpu\",\"label\":\"$label\",\"tck\":$TCK,\"latency\":$((c1 - c0)),\"throughput\":$((c2 - c1)),\"rps\":$((c3 - c2))}" >>"$R"
+  echo "{\"mode\":\"cpu\",\"label\":\"$label\",\"tck\":$TCK,\"latency\":$((c1 - c0)),\"throughput\":$((c2 - c1)),\"rps\":$((c3 - c2)),\"csw_latency\":$((s1 - s0))}" >>"$R"
 }
 
 background UP "$W/loadgen" upstream -dir "$W/upca"
@@ -421,12 +421,17 @@ def per_op(ctable, table, name, key, count):
         if n: v.append(c[key] / c["tck"] / n)
     return st.median(v) if v else None
 g = lambda x, scale, unit: "–" if x is None else f"{x * scale:.0f} {unit}"
-print("\nCPU time of the proxy process per operation (user+system, /proc/PID/stat; median over rounds):\n")
-print("| proxy | per new tunnel | per GiB bulk | per keep-alive request | per intercepted request |")
-print("|---|---|---|---|---|")
+# Context switches of the proxy's threads per new tunnel (every thread
+# put to sleep and woken), the count that moves least with the load.
+def csw_per_tunnel(name):
+    v = [c["csw_latency"] / lat[name][k]["n"] for k, c in cpu.get(name, {}).items() if "csw_latency" in c and k in lat.get(name, {}) and lat[name][k]["n"]]
+    return "–" if not v else f"{st.median(v):.1f}"
+print("\nCPU time of the proxy process per operation (user+system, /proc/PID/stat; median over rounds), and its threads' context switches per new tunnel:\n")
+print("| proxy | per new tunnel | context switches per new tunnel | per GiB bulk | per keep-alive request | per intercepted request |")
+print("|---|---|---|---|---|---|")
 for name in lat:
     if name == "direct": continue
-    print(f"| {name} | {g(per_op(cpu, lat, name, 'latency', lambda r: r['n']), 1e6, 'µs')} | {g(per_op(cpu, tp, name, 'throughput', lambda r: int(bulk) / (1 << 30)), 1e3, 'ms')} | {g(per_op(cpu, ka_r, name, 'rps', lambda r: r['n']), 1e6, 'µs')} | {g(per_op(cpu_ic, ic, name, 'icpt', lambda r: r['n']), 1e6, 'µs')} |")
+    print(f"| {name} | {g(per_op(cpu, lat, name, 'latency', lambda r: r['n']), 1e6, 'µs')} | {csw_per_tunnel(name)} | {g(per_op(cpu, tp, name, 'throughput', lambda r: int(bulk) / (1 << 30)), 1e3, 'ms')} | {g(per_op(cpu, ka_r, name, 'rps', lambda r: r['n']), 1e6, 'µs')} | {g(per_op(cpu_ic, ic, name, 'icpt', lambda r: r['n']), 1e6, 'µs')} |")
 # Where a tunnel operation's CPU goes, over the measured window only: the
 # two endpoints (client + upstream) and the proxy. The direct run shows how
 # busy the endpoints alone keep the machine; a hop whose cost per
