@@ -8,11 +8,7 @@ package egress
 
 import (
 	"bufio"
-	"bytes"
-	"crypto/tls"
 	"encoding/binary"
-	"errors"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -21,11 +17,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/nixcage/nixcage/internal/egress/audit"
-	"github.com/nixcage/nixcage/internal/egress/ca"
-	"github.com/nixcage/nixcage/internal/policy"
 )
 
 // HTTP/2 frame types and flags (RFC 9113 §6) the raw upstream uses.
@@ -102,26 +95,13 @@ func hpackLiterals(kv ...string) []byte {
 	return b
 }
 
-// rawH2Upstream serves HTTP/2 over TLS (ALPN h2) for host with a leaf of
-// the harness's upstream CA. After the preface and SETTINGS, onFrame sees
+// rawH2Upstream serves HTTP/2 over TLS (ALPN h2) with leaves of the
+// harness's upstream CA. After the preface and SETTINGS, onFrame sees
 // every frame the gateway sends but SETTINGS (acknowledged here); what it
 // writes back is the test's. It returns the listener's port.
-func rawH2Upstream(t *testing.T, h *harness, host string, onFrame func(c *h2Conn, f h2Frame) error) int {
+func rawH2Upstream(t *testing.T, h *harness, onFrame func(c *h2Conn, f h2Frame) error) int {
 	t.Helper()
-	caDir := filepath.Join(h.dir, "upstream-ca")
-	a, err := ca.Load(filepath.Join(caDir, ca.KeyFile), filepath.Join(caDir, ca.CertFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf, err := a.Leaf(host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{*leaf}, NextProtos: []string{"h2"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
+	l := upstreamListener(t, filepath.Join(h.dir, "upstream-ca"), "h2")
 	serveEach(l, func(nc net.Conn) {
 		c := &h2Conn{c: nc, br: bufio.NewReader(nc)}
 		preface := make([]byte, 24)
@@ -176,7 +156,7 @@ func TestRedTeamH2UpstreamStatusOutOfRange(t *testing.T) {
 	var mu sync.Mutex
 	requests := 0
 	status := ""
-	port := rawH2Upstream(t, h, "api.example.com", func(c *h2Conn, f h2Frame) error {
+	port := rawH2Upstream(t, h, func(c *h2Conn, f h2Frame) error {
 		if f.typ != h2Headers {
 			return nil
 		}
@@ -217,9 +197,3 @@ func TestRedTeamH2UpstreamStatusOutOfRange(t *testing.T) {
 		t.Fatalf("the upstream saw %d requests, want 3", requests)
 	}
 }
-
-var _ = bytes.Equal
-var _ = errors.New
-var _ = fmt.Sprint
-var _ = time.Now
-var _ = policy.ActionBlock

@@ -39,9 +39,9 @@ func (g *Gateway) respond(w http.ResponseWriter, resp *http.Response, t *target)
 		if resp.StatusCode == http.StatusPartialContent {
 			return 0, res, block(http.StatusBadGateway, "content-encoding", "upstream sent a range of a %s-coded body, which cannot be decoded to redact it", strings.Join(cs, ","))
 		}
-		dec, closer, err := decodeBody(resp.Body, cs)
+		dec, closer, err := decodeBody(resp.Body, cs, g.decodeMem)
 		if err != nil {
-			return 0, res, block(http.StatusBadGateway, "content-encoding", "upstream response: %v", err)
+			return 0, res, codingBlock(http.StatusBadGateway, "upstream response", err)
 		}
 		defer closer()
 		src, decoded = dec, true
