@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/andybalholm/brotli"
 
@@ -222,7 +223,10 @@ func TestRedTeamDecoderWindowsHeldAtOnce(t *testing.T) {
 	// Every upload is either refused or has had 12 MiB decoded and sent
 	// on, and waits for the upstream to read the rest.
 	refused := 0
-	waitFor(t, "every upload refused or stalled upstream", func() bool {
+	// Not waitFor's 10 s: 64 MiB decoded, inspected and sent on by a
+	// gateway sharing two cores with other tests.
+	deadline := time.Now().Add(2 * time.Minute)
+	for !func() bool {
 		for {
 			select {
 			case r := <-results:
@@ -244,7 +248,14 @@ func TestRedTeamDecoderWindowsHeldAtOnce(t *testing.T) {
 			}
 		}
 		return refused+stalled == uploads
-	})
+	}() {
+		if time.Now().After(deadline) {
+			mu.Lock()
+			defer mu.Unlock()
+			t.Fatalf("uploads neither refused nor stalled upstream after 2 minutes: %d refused, upstream got %v", refused, got)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	rss := procStatus(t, cmd.Process.Pid, "VmRSS")
 	t.Logf("%d uploads, %d refused; gateway RSS %d MiB, %d MiB at start", uploads, refused, rss>>10, base>>10)
 	if d := rss - base; d > 128<<10 {

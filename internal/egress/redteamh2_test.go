@@ -8,7 +8,11 @@ package egress
 
 import (
 	"bufio"
+	"bytes"
+	"context"
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -17,8 +21,10 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/nixcage/nixcage/internal/egress/audit"
+	"github.com/nixcage/nixcage/internal/policy"
 )
 
 // HTTP/2 frame types and flags (RFC 9113 §6) the raw upstream uses.
@@ -196,4 +202,167 @@ func TestRedTeamH2UpstreamStatusOutOfRange(t *testing.T) {
 	if requests != 3 {
 		t.Fatalf("the upstream saw %d requests, want 3", requests)
 	}
+}
+
+// windowUpdates gives back the flow-control credit of a DATA frame, for
+// the connection and the stream, as a server reading the body would.
+func (c *h2Conn) windowUpdates(f h2Frame) error {
+	if f.typ != h2Data || len(f.payload) == 0 {
+		return nil
+	}
+	inc := binary.BigEndian.AppendUint32(nil, uint32(len(f.payload)))
+	if err := c.write(h2WindowUpdate, 0, 0, inc); err != nil {
+		return err
+	}
+	return c.write(h2WindowUpdate, 0, f.stream, inc)
+}
+
+// The agent uploads over HTTP/2 while the upstream, also HTTP/2, ends the
+// exchange under it: it answers the request's HEADERS at once with
+// END_STREAM and no body, answers and then resets the stream, resets it
+// without answering, or sends GOAWAY and closes the connection; and the
+// agent, for its part, resets some streams mid-upload (RST_STREAM
+// CANCEL). net/http's HTTP/2 Transport goes on reading the body after the
+// handler's RoundTrip returned, which crashed the gateway twice before
+// (deadlineBody's detach, bodyStream's close); this is the recipe that was
+// left to run, with plain and zstd-coded bodies, through the real binary.
+// The gateway must stay up without a panic, answer or drop each stream,
+// and write one record per request.
+func TestRedTeamH2UploadEndedUnderIt(t *testing.T) {
+	h := setupHarness(t, func(rt *policy.Runtime) { rt.Policy.Limits.MaxBodyBytes = 1 << 40 })
+	var mu sync.Mutex
+	n := 0
+	port := rawH2Upstream(t, h, func(c *h2Conn, f h2Frame) error {
+		if err := c.windowUpdates(f); err != nil {
+			return err
+		}
+		if f.typ != h2Headers {
+			return nil
+		}
+		mu.Lock()
+		mode := n % 4
+		n++
+		mu.Unlock()
+		ok := hpackLiterals(":status", "200", "content-length", "0")
+		switch mode {
+		case 0: // answered at once, the upload not read
+			return c.write(h2Headers, h2EndHeaders|h2EndStream, f.stream, ok)
+		case 1: // answered, then the stream reset
+			if err := c.write(h2Headers, h2EndHeaders|h2EndStream, f.stream, ok); err != nil {
+				return err
+			}
+			return c.write(h2RSTStream, 0, f.stream, binary.BigEndian.AppendUint32(nil, 0x8)) // CANCEL
+		case 2: // reset, unanswered
+			return c.write(h2RSTStream, 0, f.stream, binary.BigEndian.AppendUint32(nil, 0x2)) // INTERNAL_ERROR
+		default: // the connection goes away under every stream on it
+			c.write(h2GoAway, 0, 0, binary.BigEndian.AppendUint32(binary.BigEndian.AppendUint32(nil, 0), 0x0))
+			return errors.New("gone")
+		}
+	})
+	h.rt.Policy.Ports = append(h.rt.Policy.Ports, port)
+	h.writeConfig(h.rt)
+	h.startBinary(t)
+	c := h.client(true)
+	frame := tinyBlocksZstd(t, 200)
+	plain := bytes.Repeat([]byte("an upload the upstream will not wait for\n"), 400)
+	const rounds = 48
+	unserved := map[int]bool{}
+	outcome := map[int]string{}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 4)
+	for i := range rounds {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			pr, pw := io.Pipe()
+			req, _ := http.NewRequestWithContext(ctx, "POST", "https://api.example.com:"+strconv.Itoa(port)+"/upload/"+strconv.Itoa(i), pr)
+			chunk := plain
+			if i%2 == 1 {
+				req.Header.Set("Content-Encoding", "zstd")
+				chunk = frame
+			}
+			agentResets := i%3 == 2
+			go func() {
+				// As long as the agent likes: until the stream is gone.
+				for k := 0; ; k++ {
+					if _, err := pw.Write(chunk); err != nil {
+						return
+					}
+					if agentResets && k == 8 {
+						cancel()
+					}
+				}
+			}()
+			resp, err := c.Do(req)
+			mu.Lock()
+			outcome[i] = fmt.Sprint(err)
+			if err == nil {
+				outcome[i] = resp.Status
+			}
+			mu.Unlock()
+			if err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			} else if strings.Contains(err.Error(), "GOAWAY") || agentResets {
+				// A refusal closes the agent's connection (Connection:
+				// close, a graceful GOAWAY on HTTP/2): a stream opened
+				// after it was never served, by the gateway's word. A
+				// stream the agent reset may have been dropped before
+				// its handler started. Neither may have reached the
+				// upstream unrecorded (below).
+				mu.Lock()
+				unserved[i] = true
+				mu.Unlock()
+			}
+			pr.CloseWithError(errors.New("the agent is done"))
+		}()
+	}
+	wg.Wait()
+	if p := h.gatewayPanic(); p != "" {
+		t.Fatalf("the gateway panicked:\n%s", p)
+	}
+	code, _, _, err := h.do(c, "GET", h.tlsURL("api.example.com", "/after"), nil, "")
+	if err != nil || code != http.StatusOK {
+		t.Fatalf("the gateway does not serve after the uploads: %d, %v", code, err)
+	}
+	// Every upload the gateway served has its record, and every request
+	// that reached the upstream does.
+	missing := func() (miss []int) {
+		seen := map[string]bool{}
+		for _, r := range h.records(t) {
+			if r.Method == "POST" && r.Host == "api.example.com" && r.Port == port {
+				seen[r.Path] = true
+			}
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(seen) < n {
+			miss = append(miss, -1)
+		}
+		for i := range rounds {
+			if !seen["/upload/"+strconv.Itoa(i)] && !unserved[i] {
+				miss = append(miss, i)
+			}
+		}
+		return miss
+	}
+	deadline := time.Now().Add(time.Minute)
+	for len(missing()) > 0 {
+		if time.Now().After(deadline) {
+			miss := missing()
+			mu.Lock()
+			for _, i := range miss {
+				t.Logf("upload %d: %s", i, outcome[i])
+			}
+			t.Logf("the upstream saw %d requests", n)
+			mu.Unlock()
+			t.Fatalf("no audit record for uploads %v (-1: fewer records than requests upstream):\n%s", miss, h.dump())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("%d uploads, %d reached the upstream, %d reset by the agent or opened after a refusal's GOAWAY", rounds, n, len(unserved))
 }
