@@ -19,15 +19,19 @@ import (
 // runs with "cannot check what the cage sees ... no such file or
 // directory"). A process that has exited sees nothing any more, so a look
 // that fails because it is gone is not an error; one that fails while it
-// lives still is, and a directory seen to differ is too, unless the
-// process was dying as caged looked: a mount namespace whose last process
-// exits has its mounts detached (exit_task_namespaces), and a look that
-// got the process's root a moment before then finds the mount point under
-// the bind, a directory that differs (seen in CI's TestRunOnSystemd: "is
-// no longer the directory that was opened" for a `cat` that had already
-// printed the bound file). The kernel drops the root (exit_fs) before the
-// namespaces, so a process whose root still resolves after the look had
-// its namespace whole during it.
+// lives still is, and a directory seen to differ always is.
+//
+// The look holds the process's mount namespace (/proc/PID/ns/mnt) while
+// it looks: a mount namespace whose last process exits has its mounts
+// detached (exit_task_namespaces), and a look that got the root a moment
+// before then found the mount point under the bind, a directory that
+// differs (seen in CI's TestRunOnSystemd: "is no longer the directory that
+// was opened" for a `cat` that had already printed the bound file). Held,
+// the namespace keeps its mounts until caged lets go, so what the look
+// sees is what the cage had, dying or not. (Forgiving a difference seen
+// as the process "died" instead let a cage whose main thread exits alone
+// during the look, its other threads living on, keep a replaced directory:
+// TestCheckBindsThreadedLeaderExitsDuringTheLook.)
 
 // errReplaced: the cage sees another directory than the one opened.
 var errReplaced = errors.New("it was replaced")
@@ -85,10 +89,8 @@ func checkBindsOf(p *pinnedProcess, binds []verifiedBind, backend string, unveri
 		err := p.sees(b, at)
 		switch {
 		case err == nil:
-		case errors.Is(err, errReplaced) && p.dying():
-			return nil // seen as its namespace came apart: nothing to judge
 		case errors.Is(err, errReplaced):
-			return err // seen, and wrong, while the cage was whole
+			return err // seen, and wrong: whether it has exited since or not
 		case p.exited(exitGrace):
 			return nil // gone: nothing left to look at, or to see
 		case errors.Is(err, os.ErrPermission):
@@ -100,23 +102,30 @@ func checkBindsOf(p *pinnedProcess, binds []verifiedBind, backend string, unveri
 	return nil
 }
 
-// beforeLook runs between taking the process's root and looking inside
-// it; tests make the process die there, which no timing can do reliably.
+// beforeLook runs between taking the process's namespace and root and
+// looking inside; tests make the process die there, which no timing can
+// do reliably.
 var beforeLook = func() {}
 
 // sees checks that the process sees the directory the caller opened at
-// path at (absolute, in its root).
+// path at (absolute, in its root). Its mount namespace is held first: a
+// process that has it still has its root in it (a cage cannot setns), and
+// the namespace then keeps its mounts however the process ends.
 func (p *pinnedProcess) sees(b verifiedBind, at string) error {
-	rootPath := fmt.Sprintf("/proc/%d/root", p.pid)
-	root, err := sysunix.Open(rootPath, sysunix.O_PATH|sysunix.O_DIRECTORY|sysunix.O_CLOEXEC, 0)
+	ns, err := p.open(b, "ns/mnt", sysunix.O_RDONLY)
 	if err != nil {
-		return fmt.Errorf("cannot check what the cage sees at %s: %w", b.Source, &os.PathError{Op: "open", Path: rootPath, Err: err})
+		return err
+	}
+	defer sysunix.Close(ns)
+	root, err := p.open(b, "root", sysunix.O_PATH|sysunix.O_DIRECTORY)
+	if err != nil {
+		return err
 	}
 	defer sysunix.Close(root)
 	beforeLook()
 	var st sysunix.Stat_t
 	if err := sysunix.Fstatat(root, "."+at, &st, 0); err != nil {
-		return fmt.Errorf("cannot check what the cage sees at %s: %w", b.Source, &os.PathError{Op: "stat", Path: rootPath + at, Err: err})
+		return fmt.Errorf("cannot check what the cage sees at %s: %w", b.Source, &os.PathError{Op: "stat", Path: fmt.Sprintf("/proc/%d/root%s", p.pid, at), Err: err})
 	}
 	if st.Dev != b.dev || st.Ino != b.ino {
 		return fmt.Errorf("%s is no longer the directory that was opened (%w); refusing to bind it", b.Source, errReplaced)
@@ -124,14 +133,12 @@ func (p *pinnedProcess) sees(b verifiedBind, at string) error {
 	return nil
 }
 
-// dying: the process has begun to exit (its root no longer resolves) or
-// has exited. Asked after a look, in this order: a root that resolves and
-// a pidfd not yet readable mean the process had its root, so its mount
-// namespace was whole, for the whole look.
-func (p *pinnedProcess) dying() bool {
-	var st sysunix.Stat_t
-	if err := sysunix.Stat(fmt.Sprintf("/proc/%d/root/", p.pid), &st); err != nil {
-		return true
+// open opens /proc/PID/link of the process, for looking at b.
+func (p *pinnedProcess) open(b verifiedBind, link string, flags int) (int, error) {
+	path := fmt.Sprintf("/proc/%d/%s", p.pid, link)
+	fd, err := sysunix.Open(path, flags|sysunix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("cannot check what the cage sees at %s: %w", b.Source, &os.PathError{Op: "open", Path: path, Err: err})
 	}
-	return p.exited(0)
+	return fd, nil
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -197,4 +198,116 @@ func TestCheckBindsCageDyingDuringTheLook(t *testing.T) {
 			t.Fatalf("the skeleton's own mount point should differ from the opened directory: %v", err)
 		}
 	})
+}
+
+// leaderExitsEnv makes the test binary the attacker's cage command of
+// TestCheckBindsThreadedLeaderExitsDuringTheLook: a process whose main
+// thread (the PID caged pins) exits alone when a byte arrives on stdin,
+// while another thread lives on, as pthread_exit in main does.
+const leaderExitsEnv = "NIXCAGE_TEST_BINDCHECK_LEADER_EXITS"
+
+func init() {
+	if os.Getenv(leaderExitsEnv) != "1" {
+		return
+	}
+	runtime.LockOSThread() // init runs on the main thread: keep it there
+	go func() {
+		time.Sleep(time.Minute) // a safety net: the test kills it sooner
+		os.Exit(0)
+	}()
+	os.Stdin.Read(make([]byte, 1))
+	// exit(2), not exit_group(2): only this thread ends; the thread group
+	// (and systemd's unit) goes on with the other threads.
+	syscall.RawSyscall(syscall.SYS_EXIT, 0, 0, 0)
+}
+
+// The attacker is the caller of cagectl run who swapped their directory
+// for another between opening it and systemd binding it, and whose cage
+// command (their own program) makes the look find a dying process while
+// the cage lives on: its main thread exits alone as caged looks, the other
+// threads keep the cage, its mount namespace and the bind. A real process
+// in its own mount namespace with another directory than the opened one
+// bound in stands in; its main thread exits between the look taking its
+// root and looking inside. Before the fix the check took "the root no
+// longer resolves" for a dying cage and let the replaced directory pass.
+func TestCheckBindsThreadedLeaderExitsDuringTheLook(t *testing.T) {
+	testenv.RequirePrivileged(t)
+	for _, tool := range []string{"unshare", "mount"} {
+		testenv.LookPath(t, tool)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := t.TempDir()
+	opened, other, at := filepath.Join(base, "opened"), filepath.Join(base, "other"), filepath.Join(base, "workspace")
+	for _, d := range []string{opened, other, at} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := bindOf(t, opened)
+	want.Dest = at // the service backend looks at Dest in the cage's root
+
+	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c",
+		`mount --bind "$1" "$2" && exec "$3" -test.run=^$`, "cage", other, at, self)
+	cmd.Env = append(os.Environ(), leaderExitsEnv+"=1")
+	cmd.Stderr = os.Stderr
+	exit, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	pid := cmd.Process.Pid
+	for i := 0; ; i++ { // the bind is made once the helper runs
+		if exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); exe == self {
+			break
+		}
+		if i == 500 {
+			t.Fatal("the cage never ran its command")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	p, err := pinProcess(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+
+	beforeLook = func() {
+		exit.Write([]byte{1})
+		leader := fmt.Sprintf("/proc/%d/task/%d/stat", pid, pid)
+		for i := 0; ; i++ {
+			if b, err := os.ReadFile(leader); err == nil && strings.Contains(string(b), ") Z ") {
+				break
+			}
+			if i == 500 {
+				t.Fatal("the cage's main thread did not exit")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	defer func() { beforeLook = func() {} }()
+	err = checkBindsOf(p, []verifiedBind{want}, config.BackendService, noUnverifiable(t))
+	beforeLook = func() {}
+
+	// The premise: the cage lives on (its other threads) with the other
+	// directory bound, its main thread gone.
+	if p.exited(0) {
+		t.Fatal("the whole cage exited; the test proves nothing")
+	}
+	if threads, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid)); len(threads) < 2 {
+		t.Fatalf("the cage has %d threads, want its main thread (a zombie) and others", len(threads))
+	}
+	if !errors.Is(err, errReplaced) {
+		t.Errorf("another directory bound in a cage that lives on: %v, want refused as replaced", err)
+	}
+	// And once the main thread is gone before the look, the cage is not
+	// "gone" either: it cannot be checked, so it is refused.
+	if err := checkBindsOf(p, []verifiedBind{want}, config.BackendService, noUnverifiable(t)); err == nil {
+		t.Error("a cage whose main thread exited before the look, its other threads living: no error, want a refusal")
+	}
 }

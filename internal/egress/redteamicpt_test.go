@@ -257,6 +257,7 @@ func TestRedTeamBanAbortsInterceptedExchange(t *testing.T) {
 		t.Skip("bans files must be owned by root (uid 0); run as root")
 	}
 	gone := make(chan string, 4)
+	arrived := make(chan string, 4)
 	hold := make(chan struct{})
 	t.Cleanup(func() { close(hold) })
 	var s *scriptedUpstream
@@ -268,6 +269,7 @@ func TestRedTeamBanAbortsInterceptedExchange(t *testing.T) {
 				return
 			}
 			io.Copy(io.Discard, req.Body)
+			arrived <- req.URL.Path
 			go func() {
 				_, _ = br.ReadByte() // returns when the gateway closes its end
 				gone <- req.URL.Path
@@ -298,7 +300,14 @@ func TestRedTeamBanAbortsInterceptedExchange(t *testing.T) {
 			if _, err := io.WriteString(tc, req); err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(300 * time.Millisecond) // the request reaches the upstream
+			select { // the request reaches the upstream (a fixed 300 ms before)
+			case p := <-arrived:
+				if p != path {
+					t.Fatalf("the upstream got %s, want %s", p, path)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the request never reached the upstream")
+			}
 			writeBans(t, bfile, policy.Ban{ID: "b-0123456789ab", Host: "api.example.com", Agent: "*", CreatedUnix: time.Now().Unix(), Command: strings.Repeat("ab", 32)})
 			select {
 			case p := <-gone:

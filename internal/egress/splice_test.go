@@ -311,9 +311,16 @@ func TestSpliceIdleWhileWaitingToWrite(t *testing.T) {
 // moved: a pipe-full of 1 MiB took this reader 5 s). The gateway's send
 // buffer is kept small so the gateway sees the room the reader makes: it
 // cannot see a reader draining that buffer itself, so a reader slower than
-// half of it per idle timeout still looks idle (docs/egress.md).
+// half of it per idle timeout still looks idle (docs/egress.md). Nor what
+// the kernel takes past the buffer in one send: a pump moved 64 KiB at
+// once into the 4 KiB buffer, and the gateway sees room again only once
+// the reader has drained them. At idle 1 s a loaded machine (three busy
+// loops beside the test) stretched this reader's 10 ms per 2 KiB to 36 ms,
+// and the relay went idle after those 64 KiB (5 of 20 runs). Idle is 3 s:
+// the 64 KiB take this reader a third of a second unloaded, 1.2 s loaded,
+// and the old pipe-full still 5 s.
 func TestSpliceSlowReaderIsNotIdle(t *testing.T) {
-	const idle = time.Second
+	const idle = 3 * time.Second
 	gwAgent, agent := tcpPair(t)
 	gwUp, upstream := tcpPair(t)
 	for c, opt := range map[net.Conn][2]int{gwAgent: {syscall.SO_SNDBUF, 4096}, agent: {syscall.SO_RCVBUF, 4096}, gwUp: {syscall.SO_RCVBUF, 4 << 20}} {
@@ -328,14 +335,18 @@ func TestSpliceSlowReaderIsNotIdle(t *testing.T) {
 		res <- spliceResult{out: out, in: in, err: err}
 	}()
 	buf := make([]byte, 2048)
-	for end := time.Now().Add(3 * idle); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+	start := time.Now()
+	// Twice idle: the relay's deadline fires and is re-armed from the
+	// reader's progress at least once.
+	for read := 0; time.Since(start) < 2*idle; time.Sleep(10 * time.Millisecond) {
 		agent.SetReadDeadline(time.Now().Add(5 * time.Second))
 		if _, err := io.ReadFull(agent, buf); err != nil {
-			t.Fatalf("reader cut off while reading 2 KiB every 10 ms: %v", err)
+			t.Fatalf("reader cut off after %d KiB in %v while reading 2 KiB every 10 ms: %v", read*2, time.Since(start), err)
 		}
+		read++
 		select {
 		case r := <-res:
-			t.Fatalf("relay ended while the reader read steadily: out %d in %d err %v", r.out, r.in, r.err)
+			t.Fatalf("relay ended after %v while the reader read steadily (%d KiB): out %d in %d err %v", time.Since(start), read*2, r.out, r.in, r.err)
 		default:
 		}
 	}

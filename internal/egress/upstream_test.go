@@ -475,12 +475,14 @@ func TestUpstreamStatusBelow100(t *testing.T) {
 // upstream's answer or the 5-minute head timeout, and audits the request.
 func TestInterceptedUpstreamAgentLeaves(t *testing.T) {
 	gone := make(chan struct{})
+	arrived := make(chan struct{}, 1)
 	hold := make(chan struct{})
 	t.Cleanup(func() { close(hold) })
 	h, s := scriptedHarness(t, func(n int, c net.Conn, br *bufio.Reader) {
 		if _, err := http.ReadRequest(br); err != nil {
 			return
 		}
+		arrived <- struct{}{}
 		go func() {
 			_, _ = br.ReadByte() // returns when the gateway closes its end
 			close(gone)
@@ -495,7 +497,11 @@ func TestInterceptedUpstreamAgentLeaves(t *testing.T) {
 	tc := tls.Client(raw, &tls.Config{ServerName: "api.example.com", RootCAs: h.cagePool})
 	fmt.Fprintf(tc, "GET /thinking HTTP/1.1\r\nHost: %s\r\n\r\n", host)
 	h.want(t, func(r audit.Record) bool { return r.Event == audit.EventOpen && r.Host == "api.example.com" }, audit.Allowed, "")
-	time.Sleep(200 * time.Millisecond) // the request reaches the upstream
+	select { // the request reaches the upstream (a fixed 200 ms before)
+	case <-arrived:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the request never reached the upstream")
+	}
 	tc.Close()
 	select {
 	case <-gone:
