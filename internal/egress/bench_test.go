@@ -127,7 +127,7 @@ func BenchmarkRequestStages(b *testing.B) {
 			if _, b := inspectHead(st, tg, r); b != nil {
 				panic(b)
 			}
-			body, _ := inspectBody(st, tg, r)
+			body, _ := inspectBody(st, tg, r, newDecodeBudget())
 			if len(inject(st.secrets, r.Header, tg)) != 1 {
 				panic("not injected")
 			}
@@ -136,7 +136,7 @@ func BenchmarkRequestStages(b *testing.B) {
 	})
 	b.Run("request-write", func(b *testing.B) {
 		r := &http.Request{Method: "GET", URL: &url.URL{Path: "/small"}, RequestURI: "/small", Host: "api.example.com", Header: hdr.Clone(), Body: http.NoBody}
-		body, _ := inspectBody(st, tg, r)
+		body, _ := inspectBody(st, tg, r, newDecodeBudget())
 		out := outbound(r, tg, "https", body)
 		bw := bufio.NewWriter(io.Discard)
 		b.ReportAllocs()

@@ -75,7 +75,7 @@ func (g *Gateway) forwardWith(w http.ResponseWriter, r *http.Request, t *target,
 		g.websocket(w, r, t, rec, start, flags, scheme)
 		return
 	}
-	body, b := inspectBody(st, t, r)
+	body, b := inspectBody(st, t, r, g.decodeMem)
 	if b != nil {
 		fail(b)
 		return
@@ -341,7 +341,7 @@ type bodyStream struct {
 // inspectBody sets up streaming inspection of the body; a request body
 // with a content-coding is decoded (and sent on decoded), since a coding
 // the gateway cannot read would hide what it carries.
-func inspectBody(st *state, t *target, r *http.Request) (*bodyStream, *blockedErr) {
+func inspectBody(st *state, t *target, r *http.Request, mem *decodeBudget) (*bodyStream, *blockedErr) {
 	b := &bodyStream{st: st, t: t, closer: func() {}, length: r.ContentLength}
 	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
 		b.empty = true
@@ -352,9 +352,9 @@ func inspectBody(st *state, t *target, r *http.Request) (*bodyStream, *blockedEr
 		b.detach = db.detach
 	}
 	if cs := codings(r.Header); len(cs) > 0 {
-		dec, closer, err := decodeBody(r.Body, cs)
+		dec, closer, err := decodeBody(r.Body, cs, mem)
 		if err != nil {
-			return nil, block(http.StatusUnsupportedMediaType, "content-encoding", "request body: %v", err)
+			return nil, codingBlock(http.StatusUnsupportedMediaType, "request body", err)
 		}
 		b.src, b.closer, b.length = dec, closer, -1
 		r.Header.Del("Content-Encoding")
@@ -371,6 +371,11 @@ func (b *bodyStream) prime() *blockedErr {
 	}
 	if err := b.pull(); err != nil {
 		if blk, ok := err.(*blockedErr); ok {
+			return blk
+		}
+		// A decoder opens on its first read: a window over the bound
+		// shows here.
+		if blk := codingBlock(http.StatusUnsupportedMediaType, "request body", err); blk != nil {
 			return blk
 		}
 		return block(http.StatusBadRequest, "body", "read request body: %v", err)

@@ -97,6 +97,9 @@ type Gateway struct {
 	mu       sync.Mutex
 	listen   map[netip.AddrPort]bool
 	h1, h2   *http.Transport
+	// decodeMem bounds the brotli and zstd windows held at once
+	// (coding.go).
+	decodeMem *decodeBudget
 	// upTLS is the client config toward intercepted upstreams (one
 	// session cache: a new connection to a host resumes its TLS session);
 	// upIdle the upstream connections between intercepted tunnels.
@@ -147,6 +150,7 @@ func New(rt *policy.Runtime, opts Options) (*Gateway, error) {
 		g.approvals = newApprovals(rt.Approval, rt.Agent)
 	}
 	g.upTLS = &tls.Config{RootCAs: opts.UpstreamRoots, MinVersion: tls.VersionTLS12, ClientSessionCache: tls.NewLRUClientSessionCache(0)}
+	g.decodeMem = newDecodeBudget()
 	g.h1 = g.newTransport(false)
 	g.h2 = g.newTransport(true)
 	return g, nil

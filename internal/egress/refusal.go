@@ -89,7 +89,9 @@ func fixFor(rule string) string {
 	case "max-body-bytes", "max-header-bytes":
 		return "send less, or raise the egress policy's limits." + strings.ReplaceAll(name, "-", "_")
 	case "content-encoding":
-		return "the gateway decodes gzip, deflate, br and zstd only; send or request one of those (or identity)"
+		return "the gateway decodes gzip, deflate, br and zstd only, at most 4 codings, zstd windows up to 8 MiB; send or request one of those (or identity)"
+	case "decoder-memory":
+		return "retry when other brotli or zstd bodies have ended, or send identity"
 	case "trace", "proxy-chaining", "connect-in-connect", "host-mismatch", "sni-mismatch", "not-a-proxy-request", "scheme", "authority":
 		return "no policy setting allows this; change the request"
 	case "upstream", "resolve":

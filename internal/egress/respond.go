@@ -19,10 +19,12 @@ import (
 // refused (a *blockedErr, before anything is written) rather than passed.
 func (g *Gateway) respond(w http.ResponseWriter, resp *http.Response, t *target) (int64, redact.Result, error) {
 	var res redact.Result
-	if resp.StatusCode < 100 {
-		// net/http's client takes any three digits as a status; writing
-		// one below 100 panics the agent's server, and the request would
-		// end with no answer and no audit record.
+	if resp.StatusCode < 100 || resp.StatusCode > 999 {
+		// net/http's HTTP/1.1 client takes any three digits as a status,
+		// its HTTP/2 client whatever strconv.Atoi takes from :status;
+		// writing one outside 100-999 panics the agent's server, and the
+		// request would end with no answer and no audit record
+		// (TestRedTeamH2UpstreamStatusOutOfRange: :status 1000).
 		return 0, res, block(http.StatusBadGateway, "upstream", "upstream: status %03d", resp.StatusCode)
 	}
 	m := t.st.redact
@@ -37,9 +39,9 @@ func (g *Gateway) respond(w http.ResponseWriter, resp *http.Response, t *target)
 		if resp.StatusCode == http.StatusPartialContent {
 			return 0, res, block(http.StatusBadGateway, "content-encoding", "upstream sent a range of a %s-coded body, which cannot be decoded to redact it", strings.Join(cs, ","))
 		}
-		dec, closer, err := decodeBody(resp.Body, cs)
+		dec, closer, err := decodeBody(resp.Body, cs, g.decodeMem)
 		if err != nil {
-			return 0, res, block(http.StatusBadGateway, "content-encoding", "upstream response: %v", err)
+			return 0, res, codingBlock(http.StatusBadGateway, "upstream response", err)
 		}
 		defer closer()
 		src, decoded = dec, true

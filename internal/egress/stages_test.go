@@ -152,7 +152,7 @@ func TestStageInspectBody(t *testing.T) {
 		st.maxBody = 4 << 20
 		clean := strings.Repeat("all good here\n", 80000)
 		r := httptest.NewRequest("POST", "https://other.example.com/up", strings.NewReader(clean+"key="+realAnthropic+"\n"))
-		b, blk := inspectBody(st, stageTarget(st, "other.example.com"), r)
+		b, blk := inspectBody(st, stageTarget(st, "other.example.com"), r, newDecodeBudget())
 		if blk != nil || b.prime() != nil {
 			t.Fatalf("blocked before the value: %v", blk)
 		}
@@ -175,7 +175,7 @@ func TestStageInspectBody(t *testing.T) {
 			body = fmt.Appendf(body, "line %06d of a long clean request body\n", i)
 		}
 		r := httptest.NewRequest("POST", "https://other.example.com/up", iotest.DataErrReader(bytes.NewReader(body)))
-		b, blk := inspectBody(st, stageTarget(st, "other.example.com"), r)
+		b, blk := inspectBody(st, stageTarget(st, "other.example.com"), r, newDecodeBudget())
 		if blk != nil || b.prime() != nil {
 			t.Fatalf("blocked: %v", blk)
 		}
@@ -186,7 +186,7 @@ func TestStageInspectBody(t *testing.T) {
 	})
 	t.Run("small body decided before sending", func(t *testing.T) {
 		r := httptest.NewRequest("POST", "https://other.example.com/up", strings.NewReader(`{"k":"`+ph+`"}`))
-		b, _ := inspectBody(st, stageTarget(st, "other.example.com"), r)
+		b, _ := inspectBody(st, stageTarget(st, "other.example.com"), r, newDecodeBudget())
 		if got := rule(b.prime()); got != "placeholder:anthropic" || b.sent() != 0 {
 			t.Fatalf("prime: %q, %d bytes sent", got, b.sent())
 		}
@@ -198,7 +198,7 @@ func TestStageInspectBody(t *testing.T) {
 		zw.Close()
 		r := httptest.NewRequest("POST", "https://other.example.com/up", &z)
 		r.Header.Set("Content-Encoding", "gzip")
-		b, _ := inspectBody(st, stageTarget(st, "other.example.com"), r)
+		b, _ := inspectBody(st, stageTarget(st, "other.example.com"), r, newDecodeBudget())
 		if got := rule(b.prime()); got != "inspector:real_values" || r.Header.Get("Content-Encoding") != "" || b.length != -1 {
 			t.Fatalf("prime %q, coding %q, length %d", got, r.Header.Get("Content-Encoding"), b.length)
 		}
@@ -206,7 +206,7 @@ func TestStageInspectBody(t *testing.T) {
 	t.Run("unknown request coding", func(t *testing.T) {
 		r := httptest.NewRequest("POST", "https://other.example.com/up", strings.NewReader("x"))
 		r.Header.Set("Content-Encoding", "compress")
-		if _, b := inspectBody(st, stageTarget(st, "other.example.com"), r); rule(b) != "content-encoding" {
+		if _, b := inspectBody(st, stageTarget(st, "other.example.com"), r, newDecodeBudget()); rule(b) != "content-encoding" {
 			t.Fatalf("rule %q", rule(b))
 		}
 	})

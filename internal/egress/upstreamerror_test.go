@@ -37,14 +37,15 @@ func rawUpstream(t *testing.T, caDir string, answer func(key string) string) int
 }
 
 // upstreamListener is a TLS listener on loopback with leaves from the
-// harness's upstream CA in caDir, closed at the end of the test.
-func upstreamListener(t *testing.T, caDir string) net.Listener {
+// harness's upstream CA in caDir, offering the ALPN protos, closed at the
+// end of the test.
+func upstreamListener(t *testing.T, caDir string, protos ...string) net.Listener {
 	t.Helper()
 	a, err := ca.Load(filepath.Join(caDir, ca.KeyFile), filepath.Join(caDir, ca.CertFile))
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) { return a.Leaf(h.ServerName) }})
+	l, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{NextProtos: protos, GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) { return a.Leaf(h.ServerName) }})
 	if err != nil {
 		t.Fatal(err)
 	}
