@@ -380,6 +380,7 @@ func (g *Gateway) newTransport(h2 bool) *http.Transport {
 	}
 	if h2 {
 		t.ForceAttemptHTTP2 = true
+		t.HTTP2 = upstreamH2
 	} else {
 		t.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
 	}
