@@ -32,13 +32,11 @@
 # (docs/performance.md, "New-tunnel latency (issue 20), fourth pass").
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-W=$(mktemp -d /tmp/egress-latency.XXXXXX)
-chmod 755 "$W"
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$W"; }
-trap cleanup EXIT
-ulimit -n 65536 2>/dev/null || ulimit -n 8192
-unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY all_proxy ALL_PROXY
+# run.sh's setup and helpers, one copy: bench_init, background, wait_port,
+# cpu_ticks, egress_prepare (its cage-egress config), squid_conf.
+# shellcheck source=bench/egress/common.sh
+. "$ROOT/bench/egress/common.sh"
+bench_init egress-latency
 N=${N:-2000}; ROUNDS=${ROUNDS:-3}; PORT=${PORT:-24140}
 DNS=${DNS_ADDR:-127.78.$((RANDOM % 250 + 1)).53:53}
 
@@ -48,17 +46,9 @@ echo "== building ($(date +%T))" >&2
 SQUID=$(command -v squid || true)
 [ -n "$SQUID" ] || echo "squid not found (apt-get install squid); skipping it" >&2
 
-# run.sh's helpers: background VAR PROG..., wait_port PORT, cpu_ticks PID,
-# squid_conf PORT (writes $W/squid.conf), one copy of each.
-RUN_SH="$ROOT/bench/egress/run.sh"
-eval "$(sed -n -e '/^background() {$/,/^}$/p' -e '/^squid_conf() {$/,/^}$/p' -e '/^wait_port() /p' -e '/^cpu_ticks() /p' "$RUN_SH")"
-for f in background wait_port cpu_ticks squid_conf; do
-  declare -F $f >/dev/null || { echo "cannot find $f() in $RUN_SH" >&2; exit 1; }
-done
-# Per process, summed over its threads: context switches (voluntary and
-# not), and time spent runnable but waiting for a CPU (µs, schedstat's
-# second field); cpu_ticks is its CPU time.
-ctx_switches() { cat /proc/"$1"/task/*/status | awk '/ctxt_switches/ {s += $2} END {print s}'; }
+# Per process, summed over its threads: time spent runnable but waiting
+# for a CPU (µs, schedstat's second field); cpu_ticks is its CPU time,
+# ctx_switches its context switches (common.sh).
 runq_wait_us() { cat /proc/"$1"/task/*/schedstat | awk '{s += $2} END {printf "%d", s / 1000}'; }
 # stamp: prefixes each line with the wall clock, so a GC trace line can be
 # lined up with loadgen's request timestamps.
@@ -69,17 +59,7 @@ background UP "$W/loadgen" upstream -dir "$W/upca"
 UP_PORT=${UP##*:}
 background DNSUP "$W/loadgen" dns -addr "$DNS"
 [ "$DNSUP" = "$DNS" ] || { echo "bench resolver did not start on $DNS: $(cat "$W/bg.err")" >&2; exit 1; }
-# run.sh's config, as run.sh writes it.
-sed -n '/^cat >"\$W\/egress.json" <<JSON$/,/^JSON$/p' "$RUN_SH" | sed '1d;$d' >"$W/egress.json.in"
-[ -s "$W/egress.json.in" ] || { echo "cannot find the egress config in $RUN_SH" >&2; exit 1; }
-sed -e "s#\$UP_PORT#$UP_PORT#g" -e "s#\$W#$W#g" "$W/egress.json.in" >"$W/egress.json"
-mkdir -p "$W/creds"
-printf 'sk-ant-api03-%s\n' "$(head -c 60 /dev/urandom | base64 | tr -dc A-Za-z0-9 | head -c 64)" >"$W/creds/anthropic"
-export CREDENTIALS_DIRECTORY="$W/creds"
-"$W/cage-egress" prepare --config "$W/egress.json" >&2
-
-mkdir -p "$W/squid"
-[ "$(id -u)" = 0 ] && chown proxy: "$W/squid" 2>/dev/null || true
+egress_prepare
 
 NOSLEEP=GODEBUG=schedtrace=2147483647
 # label|kind|environment

@@ -20,9 +20,18 @@
 #                                  # also measures that build (rows
 #                                  # "cage-egress-base") in the same rounds:
 #                                  # a before/after comparison on one load
+#   GOMAXPROCS1=1 bench/egress/run.sh
+#                                  # also measures this tree's cage-egress with
+#                                  # GOMAXPROCS=1 in its environment (rows
+#                                  # "cage-egress-gomaxprocs1"), every figure,
+#                                  # interception included, same rounds
 #   ONLY=icpt bench/egress/run.sh  # interception rows only (direct, cage-
 #                                  # egress, the base build, mitmdump),
 #                                  # ROUNDS interleaved rounds (~1 minute each)
+#   ONLY=rss bench/egress/run.sh   # memory only: RSS idle and with HOLD open
+#                                  # tunnels of cage-egress, the base build and
+#                                  # the GOMAXPROCS=1 one, ROUNDS rounds
+#                                  # (~15 s a row)
 #   ONLY=tunnel bench/egress/run.sh  # plain tunnels only: direct, cage-egress
 #                                  # (name), the base build, both relay
 #                                  # floors, squid (name); new tunnels, bulk
@@ -64,13 +73,9 @@
 # SMOKESCREEN=/path/to/binary to reuse one, or SMOKESCREEN=none to skip.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-W=$(mktemp -d /tmp/egress-bench.XXXXXX)
-chmod 755 "$W"
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$W"; }
-trap cleanup EXIT
-ulimit -n 65536 2>/dev/null || ulimit -n 8192
-unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY all_proxy ALL_PROXY
+# shellcheck source=bench/egress/common.sh
+. "$ROOT/bench/egress/common.sh"   # bench_init, background, wait_port, cpu_ticks, egress_prepare, squid_conf
+bench_init egress-bench
 
 N_LAT=${N_LAT:-2000}; BULK=${BULK:-$((512 << 20))}; ROUNDS=${ROUNDS:-3}; KA_SECS=${KA_SECS:-5s}; HOLD=${HOLD:-1000}; ICPT_SECS=${ICPT_SECS:-5s}
 if [ -n "${QUICK:-}" ]; then N_LAT=300; BULK=$((128 << 20)); ROUNDS=1; KA_SECS=2s; HOLD=300; ICPT_SECS=2s; fi
@@ -108,30 +113,17 @@ if [ -z "$SMOKE_BIN" ]; then
   fi
 fi
 
-# background VAR PROG... : start PROG, remember its pid (not in a subshell, so
-# cleanup sees it), set VAR to its first line of output.
-background() {
-  local var=$1; shift; local out="$W/bg.$var"
-  "$@" >"$out" 2>>"$W/bg.err" & PIDS+=($!)
-  for _ in $(seq 100); do [ -s "$out" ] && break; sleep 0.05; done
-  printf -v "$var" '%s' "$(head -1 "$out")"
-}
-wait_port() { for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 did not open" >&2; return 1; }
 rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
-# CPU time (user+system, clock ticks) a process has used: the gateway's own
-# cost per tunnel and per request, which the load on this machine moves
-# far less than it moves wall-clock figures.
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 TCK=$(getconf CLK_TCK)
 # measure LABEL PID ARGS...: the three tunnel workloads with ARGS (-proxy
 # and -target), and PID's CPU time over each.
 measure() {
-  local label=$1 pid=$2 c0 c1 c2 c3; shift 2
-  c0=$(cpu_ticks "$pid"); lg latency -label "$label" "$@" -n "$N_LAT"
-  c1=$(cpu_ticks "$pid"); lg throughput -label "$label" "$@" -bytes "$BULK" -upstream-pid "$UP_PID" -proxy-pid "$pid"
+  local label=$1 pid=$2 c0 c1 c2 c3 s0 s1; shift 2
+  c0=$(cpu_ticks "$pid"); s0=$(ctx_switches "$pid"); lg latency -label "$label" "$@" -n "$N_LAT"
+  c1=$(cpu_ticks "$pid"); s1=$(ctx_switches "$pid"); lg throughput -label "$label" "$@" -bytes "$BULK" -upstream-pid "$UP_PID" -proxy-pid "$pid"
   c2=$(cpu_ticks "$pid"); lg rps -label "$label" "$@" -c 8 -d "$KA_SECS" -upstream-pid "$UP_PID" -proxy-pid "$pid"
   c3=$(cpu_ticks "$pid")
-  echo "{\"mode\":\"cpu\",\"label\":\"$label\",\"tck\":$TCK,\"latency\":$((c1 - c0)),\"throughput\":$((c2 - c1)),\"rps\":$((c3 - c2))}" >>"$R"
+  echo "{\"mode\":\"cpu\",\"label\":\"$label\",\"tck\":$TCK,\"latency\":$((c1 - c0)),\"throughput\":$((c2 - c1)),\"rps\":$((c3 - c2)),\"csw_latency\":$((s1 - s0))}" >>"$R"
 }
 
 background UP "$W/loadgen" upstream -dir "$W/upca"
@@ -148,72 +140,23 @@ fi
 background DNSUP "$W/loadgen" dns -addr "$DNS"
 [ "$DNSUP" = "$DNS" ] || { echo "bench resolver did not start on $DNS: $(cat "$W/bg.err")" >&2; exit 1; }
 
-mkdir -p "$W/creds"
-printf 'sk-ant-api03-%s\n' "$(head -c 60 /dev/urandom | base64 | tr -dc A-Za-z0-9 | head -c 64)" >"$W/creds/anthropic"
-cat >"$W/egress.json" <<JSON
-{
-  "schema": 1, "agent": "bench",
-  "policy": {
-    "name": "bench", "allow": ["*.bench.test"], "deny": [], "ports": [$UP_PORT],
-    "inspect": ["api.bench.test"],
-    "rate_limit": {"per_second": 0, "burst": 0},
-    "inspectors": [
-      {"name": "real_values", "action": "block"},
-      {"name": "secret_patterns", "action": "block"},
-      {"name": "body_size", "action": "flag", "max_bytes": 1048576},
-      {"name": "entropy", "action": "flag"},
-      {"name": "encoded_blobs", "action": "flag", "min_length": 512}
-    ],
-    "limits": {"max_tunnels": 4096, "max_header_bytes": 65536, "max_body_bytes": 33554432, "idle_timeout_seconds": 300},
-    "dns": {"enabled": true, "deny_types": ["ANY"], "max_label_length": 63},
-    "unsafe_allow_loopback_upstreams": true, "unsafe_allow_private_upstreams": false
-  },
-  "secrets": [{"name": "anthropic", "env": "ANTHROPIC_API_KEY", "hosts": ["api.bench.test"], "header": "x-api-key"}],
-  "audit_file": "$W/audit.jsonl", "placeholder_file": "$W/run/placeholders.json",
-  "agent_env_file": "$W/run/agent.env", "resolv_conf": "$W/run/resolv.conf", "ca_dir": "$W/ca"
-}
-JSON
-export CREDENTIALS_DIRECTORY="$W/creds"
-"$W/cage-egress" prepare --config "$W/egress.json" >&2
+egress_prepare
 PH=$(sed -n 's/^ANTHROPIC_API_KEY=//p' "$W/run/agent.env")
 
-# squid on loopback only, no cache, no logs but its cache.log, no hosts file
-# (names go to the bench resolver), one process (-N).
-mkdir -p "$W/squid"
-[ "$(id -u)" = 0 ] && chown proxy: "$W/squid" 2>/dev/null || true
-squid_conf() {
-  cat >"$W/squid.conf" <<CONF
-http_port 127.0.0.1:$1
-acl SSL_ports port $UP_PORT
-acl CONNECT method CONNECT
-http_access deny CONNECT !SSL_ports
-http_access allow localhost
-http_access deny all
-cache deny all
-cache_mem 0 MB
-access_log none
-cache_store_log none
-cache_log $W/squid/cache.log
-pid_filename none
-coredump_dir $W/squid
-netdb_filename none
-hosts_file none
-dns_nameservers ${DNS%:53}
-max_filedescriptors 65536
-shutdown_lifetime 0 seconds
-CONF
-}
 
 # start_proxy NAME PORT [KIND]: starts a fresh NAME on PORT, sets PROXY_PID.
 start_proxy() {
-  local port=$2 lit=()
+  local port=$2 lit=() envs=()
   [ "${3:-}" = ip ] && lit=(--unsafe-bench-ip-literals)
+  # cage-egress-gomaxprocs1[-icpt]: this tree's binary with GOMAXPROCS=1.
+  case $1 in cage-egress-gomaxprocs1*) envs=(GOMAXPROCS=1) ;; esac
+  set -- "${1/-gomaxprocs1/}" "${@:2}"
   case $1 in
     # Tunnels only: no --upstream-ca, so the system roots are not loaded
     # (they load at the first intercepted request, ~4.7 MiB; see
     # docs/performance.md).
-    cage-egress|cage-egress-base) "$W/$1" --config "$W/egress.json" --listen-proxy 127.0.0.1:$port --resolver "$DNS" --log-level warn "${lit[@]}" 2>>"$W/egress.log" & ;;
-    cage-egress-icpt|cage-egress-base-icpt) "$W/${1%-icpt}" --config "$W/egress.json" --listen-proxy 127.0.0.1:$port --resolver "$DNS" --upstream-ca "$W/upca/ca.crt" --log-level warn 2>>"$W/egress.log" & ;;
+    cage-egress|cage-egress-base) env "${envs[@]}" "$W/$1" --config "$W/egress.json" --listen-proxy 127.0.0.1:$port --resolver "$DNS" --log-level warn "${lit[@]}" 2>>"$W/egress.log" & ;;
+    cage-egress-icpt|cage-egress-base-icpt) env "${envs[@]}" "$W/${1%-icpt}" --config "$W/egress.json" --listen-proxy 127.0.0.1:$port --resolver "$DNS" --upstream-ca "$W/upca/ca.crt" --log-level warn 2>>"$W/egress.log" & ;;
     squid) squid_conf "$port"; "$SQUID" -N -f "$W/squid.conf" >/dev/null 2>>"$W/squid/stderr" & ;;
     goproxy) "$W/goproxy" -listen 127.0.0.1:$port -resolver "$DNS" >/dev/null 2>&1 & ;;
     smokescreen) "$SMOKE_BIN" --listen-ip 127.0.0.1 --listen-port $port --allow-range 127.0.0.0/8 --resolver-address "$DNS" --statsd-address 127.0.0.1:9 >/dev/null 2>&1 & ;;
@@ -227,6 +170,7 @@ stop_proxy() { kill "$PROXY_PID" 2>/dev/null || true; wait "$PROXY_PID" 2>/dev/n
 # proxy|destination kinds it is measured with
 peers=("cage-egress|name ip")
 [ -n "${BASE_EGRESS:-}" ] && peers+=("cage-egress-base|name")
+[ -n "${GOMAXPROCS1:-}" ] && peers+=("cage-egress-gomaxprocs1|name")
 peers+=("tcp relay splice|floor" "tcp relay rw|floor")
 [ -n "$KRELAY_OK" ] && peers+=("kernel sockmap relay|floor")
 [ -n "$SQUID" ] && peers+=("squid|name ip")
@@ -236,9 +180,15 @@ peers+=("goproxy|name ip")
 if [ "${ONLY:-}" = tunnel ]; then
   peers=("cage-egress|name")
   [ -n "${BASE_EGRESS:-}" ] && peers+=("cage-egress-base|name")
+  [ -n "${GOMAXPROCS1:-}" ] && peers+=("cage-egress-gomaxprocs1|name")
   peers+=("tcp relay splice|floor" "tcp relay rw|floor")
   [ -n "$KRELAY_OK" ] && peers+=("kernel sockmap relay|floor")
   [ -n "$SQUID" ] && peers+=("squid|name")
+fi
+if [ "${ONLY:-}" = rss ]; then
+  peers=("cage-egress|name")
+  [ -n "${BASE_EGRESS:-}" ] && peers+=("cage-egress-base|name")
+  [ -n "${GOMAXPROCS1:-}" ] && peers+=("cage-egress-gomaxprocs1|name")
 fi
 
 R="$W/results.jsonl"
@@ -276,7 +226,10 @@ if [ -n "${PROFILE:-}" ]; then
   esac
   work
   strace -c -f -p "$PROXY_PID" -o "$W/strace.txt" 2>/dev/null & SP=$!; sleep 1; work; sleep 0.5; kill -INT $SP; wait $SP || true
-  perf record -F 999 -g -p "$PROXY_PID" -o "$W/perf.data" 2>/dev/null & PP=$!; sleep 1; work; kill -INT $PP; wait $PP || true
+  perf record -F "${PERF_FREQ:-999}" -g -p "$PROXY_PID" -o "$W/perf.data" 2>/dev/null & PP=$!; sleep 1; work; kill -INT $PP; wait $PP || true
+  # PERF_DATA=/path keeps the samples (and the binary, beside them) for
+  # a deeper `perf report -i /path` than the summary below.
+  if [ -n "${PERF_DATA:-}" ]; then cp "$W/perf.data" "$PERF_DATA"; cp "/proc/$PROXY_PID/exe" "$PERF_DATA.bin" 2>/dev/null || true; fi
   ops=$(sed -n 2p "$R" | python3 -c 'import json, sys; print(json.load(sys.stdin).get("n") or 1)')
   echo "PROFILE=$PROFILE, load $(cut -d' ' -f1-3 /proc/loadavg); strace run: $ops operations (tunnels, requests, or 1 bulk GET)"
   echo; echo "syscalls per operation (strace -c -f; its own overhead slows the gateway, the counts are what matters):"
@@ -315,13 +268,22 @@ for rnd in $(seq "$ROUNDS"); do
   echo "== round $rnd/$ROUNDS (load: $(cut -d' ' -f1-3 /proc/loadavg))" >&2
   echo "{\"mode\":\"load\",\"round\":$rnd,\"loadavg\":\"$(cut -d' ' -f1-3 /proc/loadavg)\"}" >>"$R"
   [ "${ONLY:-}" = icpt ] && peers=()
-  for p in "${peers[@]}"; do
+  # The order rotates by one row each round, so that no row is always the
+  # first after a round's start or always right after the same row (two
+  # builds of one tree measured 670 and 770 µs per tunnel in fixed order).
+  order=()
+  if [ ${#peers[@]} -gt 0 ]; then
+    k=$(((rnd - 1) % ${#peers[@]}))
+    order=("${peers[@]:k}" "${peers[@]:0:k}")
+  fi
+  for p in "${order[@]}"; do
     IFS='|' read -r name kinds <<<"$p"
     for kind in $kinds; do
       PORT=$((PORT + 1))
       target="up.bench.test:$UP_PORT"; [ "$kind" = ip ] && target="127.0.0.1:$UP_PORT"
       slot="$rnd.$name.$kind"; label="$name ($kind)|$slot"
       echo "   $name ($kind)" >&2
+      if [ "${ONLY:-}" != rss ]; then
       direct "$slot"
       if [ "$kind" = floor ]; then
         # The relay is the upstream as far as the clients know.
@@ -336,6 +298,7 @@ for rnd in $(seq "$ROUNDS"); do
       measure "$label" "$PROXY_PID" -proxy 127.0.0.1:$PORT -target "$target"
       stop_proxy
       [ "${ONLY:-}" = tunnel ] && continue
+      fi
       # Memory on a second fresh instance: the figures above would have
       # grown its heap; this is idle, then $HOLD open tunnels.
       PORT=$((PORT + 1))
@@ -351,7 +314,7 @@ for rnd in $(seq "$ROUNDS"); do
       stop_proxy
     done
   done
-  [ "${ONLY:-}" = tunnel ] && continue
+  [ "${ONLY:-}" = tunnel ] || [ "${ONLY:-}" = rss ] && continue
   # Interception: cage-egress runs every inspector and injects a credential;
   # mitmdump only re-encrypts. 8 keep-alive clients.
   lg rps -label "direct|$rnd|icpt" -target "127.0.0.1:$UP_PORT" -c 8 -d "$ICPT_SECS"
@@ -362,6 +325,12 @@ for rnd in $(seq "$ROUNDS"); do
     lg rps -label "direct|$rnd.b|icpt" -target "127.0.0.1:$UP_PORT" -c 8 -d "$ICPT_SECS"
     PORT=$((PORT + 1)); start_proxy cage-egress-base-icpt "$PORT"
     icpt "cage-egress-base (name)|$rnd.b|icpt" -target "api.bench.test:$UP_PORT" -header "x-api-key:$PH"
+    stop_proxy
+  fi
+  if [ -n "${GOMAXPROCS1:-}" ]; then
+    lg rps -label "direct|$rnd.p|icpt" -target "127.0.0.1:$UP_PORT" -c 8 -d "$ICPT_SECS"
+    PORT=$((PORT + 1)); start_proxy cage-egress-gomaxprocs1-icpt "$PORT"
+    icpt "cage-egress-gomaxprocs1 (name)|$rnd.p|icpt" -target "api.bench.test:$UP_PORT" -header "x-api-key:$PH"
     stop_proxy
   fi
   if [ -n "$MITM" ]; then
@@ -398,6 +367,16 @@ def med(table, name, key):
     v = [r[key] for r in table.get(name, {}).values()]
     return st.median(v) if v else None
 f = lambda x, s="×": "–" if x is None else f"{x:.2f}{s}"
+if not lat and rss:
+    # ONLY=rss: the memory rows alone.
+    print(f"\nRSS of fresh proxies, {len(loads)} round(s): idle 1 s after start, then with {hold} open tunnels (median over rounds)")
+    print(f"load average at the start of each round: {'; '.join(loads)}\n")
+    print(f"| proxy | RSS idle | RSS with {hold} tunnels | per round (idle / {hold} tunnels) |")
+    print("|---|---|---|---|")
+    for name in rss:
+        per = "; ".join("%.1f / %.1f" % (r["idle_kib"] / 1024, r["held_kib"] / 1024) for r in rss[name].values())
+        print(f"| {name} | {med(rss,name,'idle_kib')/1024:.1f} MiB | {med(rss,name,'held_kib')/1024:.1f} MiB | {per} |")
+    sys.exit(0)
 if not lat:
     # ONLY=icpt: the interception rows alone.
     cpu_ic = rows("cpu", True)
@@ -442,12 +421,17 @@ def per_op(ctable, table, name, key, count):
         if n: v.append(c[key] / c["tck"] / n)
     return st.median(v) if v else None
 g = lambda x, scale, unit: "–" if x is None else f"{x * scale:.0f} {unit}"
-print("\nCPU time of the proxy process per operation (user+system, /proc/PID/stat; median over rounds):\n")
-print("| proxy | per new tunnel | per GiB bulk | per keep-alive request | per intercepted request |")
-print("|---|---|---|---|---|")
+# Context switches of the proxy's threads per new tunnel (every thread
+# put to sleep and woken), the count that moves least with the load.
+def csw_per_tunnel(name):
+    v = [c["csw_latency"] / lat[name][k]["n"] for k, c in cpu.get(name, {}).items() if "csw_latency" in c and k in lat.get(name, {}) and lat[name][k]["n"]]
+    return "–" if not v else f"{st.median(v):.1f}"
+print("\nCPU time of the proxy process per operation (user+system, /proc/PID/stat; median over rounds), and its threads' context switches per new tunnel:\n")
+print("| proxy | per new tunnel | context switches per new tunnel | per GiB bulk | per keep-alive request | per intercepted request |")
+print("|---|---|---|---|---|---|")
 for name in lat:
     if name == "direct": continue
-    print(f"| {name} | {g(per_op(cpu, lat, name, 'latency', lambda r: r['n']), 1e6, 'µs')} | {g(per_op(cpu, tp, name, 'throughput', lambda r: int(bulk) / (1 << 30)), 1e3, 'ms')} | {g(per_op(cpu, ka_r, name, 'rps', lambda r: r['n']), 1e6, 'µs')} | {g(per_op(cpu_ic, ic, name, 'icpt', lambda r: r['n']), 1e6, 'µs')} |")
+    print(f"| {name} | {g(per_op(cpu, lat, name, 'latency', lambda r: r['n']), 1e6, 'µs')} | {csw_per_tunnel(name)} | {g(per_op(cpu, tp, name, 'throughput', lambda r: int(bulk) / (1 << 30)), 1e3, 'ms')} | {g(per_op(cpu, ka_r, name, 'rps', lambda r: r['n']), 1e6, 'µs')} | {g(per_op(cpu_ic, ic, name, 'icpt', lambda r: r['n']), 1e6, 'µs')} |")
 # Where a tunnel operation's CPU goes, over the measured window only: the
 # two endpoints (client + upstream) and the proxy. The direct run shows how
 # busy the endpoints alone keep the machine; a hop whose cost per
