@@ -132,6 +132,16 @@ func TestFloodRSS(t *testing.T) {
 	cmd := h.startBinary(t)
 	pid := cmd.Process.Pid
 	idle := procStatus(t, pid, "VmRSS")
+	// A gateway that crashed leaves its panic in its log.
+	crashed := func() string {
+		h.logMu.Lock()
+		defer h.logMu.Unlock()
+		log := h.logBuf.String()
+		if i := strings.Index(log, "panic:"); i >= 0 {
+			return log[i:min(len(log), i+3000)]
+		}
+		return ""
+	}
 	var conns []net.Conn
 	defer func() {
 		for _, c := range conns {
@@ -183,6 +193,9 @@ func TestFloodRSS(t *testing.T) {
 		}
 	}()
 	time.Sleep(5 * time.Second)
+	if panicked := crashed(); panicked != "" {
+		t.Fatalf("the gateway crashed under the flood:\n%s", panicked)
+	}
 	peak := procStatus(t, pid, "VmHWM")
 	t.Logf("gateway RSS: idle %d KiB, peak under flood %d KiB (bound %d MiB)", idle, peak, FloodRSSBoundMiB)
 	if peak > FloodRSSBoundMiB<<10 {
@@ -196,25 +209,26 @@ func TestFloodRSS(t *testing.T) {
 	for _, w := range writers {
 		w.CloseWithError(io.ErrUnexpectedEOF)
 	}
-	// The gateway serves again, and did not die on the way (a gateway that
-	// crashed leaves its panic in its log, and no listener).
+	// The gateway serves again, and did not die on the way (a crash ends
+	// the wait at once). Serving again took up to 2.4 s at load 12 (three busy
+	// loops beside the test, 6 runs); the bound leaves a CI machine far
+	// more than that.
+	const serveAgain = 30 * time.Second
 	var code int
 	var err error
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	start := time.Now()
+	for time.Since(start) < serveAgain && crashed() == "" {
 		code, _, _, err = h.do(h.client(false), "GET", h.httpURL("plain.example.com", "/after-flood"), nil, "")
-		if (err == nil && code == http.StatusOK) || time.Now().After(deadline) {
+		if err == nil && code == http.StatusOK {
 			break
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	h.logMu.Lock()
-	log := h.logBuf.String()
-	h.logMu.Unlock()
-	if i := strings.Index(log, "panic:"); i >= 0 {
-		t.Fatalf("the gateway crashed under the flood:\n%s", log[i:min(len(log), i+3000)])
+	if panicked := crashed(); panicked != "" {
+		t.Fatalf("the gateway crashed under the flood:\n%s", panicked)
 	}
 	if err != nil || code != http.StatusOK {
-		t.Fatalf("the gateway does not serve 10 s after the flood ended: last answer %d, error %v", code, err)
+		t.Fatalf("the gateway does not serve %v after the flood ended: last answer %d, error %v", serveAgain, code, err)
 	}
+	t.Logf("the gateway served again %v after the flood ended", time.Since(start).Round(time.Millisecond))
 }
