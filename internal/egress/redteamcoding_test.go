@@ -27,6 +27,21 @@ import (
 	"github.com/nixcage/nixcage/internal/policy"
 )
 
+// serveUpstream serves handler over TLS (HTTP/1.1, a leaf of the harness's
+// upstream CA) on a port it adds to the harness's policy; the gateway is
+// not started yet.
+func serveUpstream(t *testing.T, h *harness, handler http.HandlerFunc) int {
+	t.Helper()
+	l := upstreamListener(t, filepath.Join(h.dir, "upstream-ca"))
+	srv := &http.Server{ErrorLog: log.New(io.Discard, "", 0), Handler: handler}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	port := l.Addr().(*net.TCPAddr).Port
+	h.rt.Policy.Ports = append(h.rt.Policy.Ports, port)
+	h.writeConfig(h.rt)
+	return port
+}
+
 // A Content-Encoding header may list any number of codings, and the
 // gateway built a decoder for each before reading a byte of the body (a
 // brotli reader is 38 KiB): "br,br,br,…" in one request header of 60 KB
@@ -62,16 +77,10 @@ func TestRedTeamCodingStack(t *testing.T) {
 	})
 	t.Run("response", func(t *testing.T) {
 		h := setupHarness(t, nil)
-		l := upstreamListener(t, filepath.Join(h.dir, "upstream-ca"))
-		srv := &http.Server{ErrorLog: log.New(io.Discard, "", 0), Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		port := serveUpstream(t, h, func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Encoding", stack)
 			io.WriteString(w, "not much of a body")
-		})}
-		go srv.Serve(l)
-		t.Cleanup(func() { srv.Close() })
-		port := l.Addr().(*net.TCPAddr).Port
-		h.rt.Policy.Ports = append(h.rt.Policy.Ports, port)
-		h.writeConfig(h.rt)
+		})
 		cmd := h.startBinary(t)
 		before := procStatus(t, cmd.Process.Pid, "VmHWM")
 		code, _, body, err := h.do(h.client(false), "GET", "https://api.example.com:"+strconv.Itoa(port)+"/v1/models", http.Header{"X-Api-Key": {h.ph["anthropic"]}}, "")
@@ -355,4 +364,29 @@ func TestRedTeamUpstreamHugeResponseHead(t *testing.T) {
 		t.Fatalf("HTTP/2: %d %q %v, want 502", code, body, err)
 	}
 	h.want(t, is("GET", "api.example.com", port), audit.Blocked, "upstream")
+}
+
+// A WebSocket handshake the upstream answers with an ordinary response
+// goes through the redact stage as any answer does, but a refusal that
+// stage made (here a coding stack past the bound, before anything was
+// written) was taken for a copy error: the agent got an empty 200 that the
+// upstream never sent, and the record said "allowed". As the agent
+// through the real binary: the refusal reaches the agent and the record.
+func TestRedTeamWebSocketHandshakeAnswerRefused(t *testing.T) {
+	h := setupHarness(t, nil)
+	port := serveUpstream(t, h, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Encoding", "gzip, gzip, gzip, gzip, gzip")
+		w.WriteHeader(http.StatusUnauthorized)
+		io.WriteString(w, "no")
+	})
+	h.startBinary(t)
+	hdr := http.Header{"Connection": {"Upgrade"}, "Upgrade": {"websocket"}, "Sec-Websocket-Version": {"13"}, "Sec-Websocket-Key": {"dGhlIHNhbXBsZSBub25jZQ=="}}
+	code, _, body, err := h.do(h.client(false), "GET", "https://api.example.com:"+strconv.Itoa(port)+"/ws", hdr, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code != http.StatusBadGateway || !strings.Contains(body, "codings") {
+		t.Fatalf("agent got %d %q, want the gateway's 502 naming the codings", code, body)
+	}
+	h.want(t, is("GET", "api.example.com", port), audit.Blocked, "content-encoding")
 }
