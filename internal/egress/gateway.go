@@ -368,17 +368,19 @@ func (g *Gateway) newTransport(h2 bool) *http.Transport {
 		// A copy per transport: the HTTP/2 one adds "h2" to its
 		// NextProtos, which must not reach the HTTP/1.1 clients' offers.
 		// The session cache is shared.
-		TLSClientConfig:       g.upTLS.Clone(),
-		TLSHandshakeTimeout:   handshakeTimeout,
-		MaxIdleConnsPerHost:   64,
-		IdleConnTimeout:       90 * time.Second,
-		ResponseHeaderTimeout: 5 * time.Minute,
-		DisableCompression:    true,
+		TLSClientConfig:        g.upTLS.Clone(),
+		TLSHandshakeTimeout:    handshakeTimeout,
+		MaxIdleConnsPerHost:    64,
+		IdleConnTimeout:        90 * time.Second,
+		ResponseHeaderTimeout:  5 * time.Minute,
+		MaxResponseHeaderBytes: maxUpstreamHeader,
+		DisableCompression:     true,
 		// Proxy stays nil: the gateway never chains to another proxy,
 		// whatever HTTP_PROXY says in its own environment.
 	}
 	if h2 {
 		t.ForceAttemptHTTP2 = true
+		t.HTTP2 = upstreamH2
 	} else {
 		t.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
 	}

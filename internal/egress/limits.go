@@ -71,6 +71,20 @@ var h2Limits = &http.HTTP2Config{
 	MaxDecoderHeaderTableSize:     4 << 10,
 }
 
+// upstreamH2 bounds what an HTTP/2 upstream may send the gateway before
+// the agent reads it: the gateway reads a response only as fast as the
+// agent takes it, and net/http's Transport lets an upstream send 4 MiB
+// per stream first (48 streams the agent did not read held 199 MiB of the
+// gateway, max_tunnels 256 would hold 1 GiB: red team redh2,
+// TestRedTeamH2UpstreamWindowHeldForAgentNotReading). 256 KiB per stream,
+// as the agent gets toward the gateway (h2Limits): at most 64 MiB over
+// max_tunnels' 256 streams. The connection's window stays net/http's: it
+// is bounded by its streams', and a smaller one would let streams the
+// agent does not read stall every other on the same upstream connection.
+var upstreamH2 = &http.HTTP2Config{
+	MaxReceiveBufferPerStream: 256 << 10,
+}
+
 // errBodyStalled ends a request body the agent sends too slowly.
 type errBodyStalled struct{ what string }
 

@@ -5,7 +5,9 @@ package egress
 // and a few bytes of body make the gateway hold.
 
 import (
+	"bufio"
 	"bytes"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"log"
@@ -25,12 +27,27 @@ import (
 	"github.com/nixcage/nixcage/internal/policy"
 )
 
+// serveUpstream serves handler over TLS (HTTP/1.1, a leaf of the harness's
+// upstream CA) on a port it adds to the harness's policy; the gateway is
+// not started yet.
+func serveUpstream(t *testing.T, h *harness, handler http.HandlerFunc) int {
+	t.Helper()
+	l := upstreamListener(t, filepath.Join(h.dir, "upstream-ca"))
+	srv := &http.Server{ErrorLog: log.New(io.Discard, "", 0), Handler: handler}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	port := l.Addr().(*net.TCPAddr).Port
+	h.rt.Policy.Ports = append(h.rt.Policy.Ports, port)
+	h.writeConfig(h.rt)
+	return port
+}
+
 // A Content-Encoding header may list any number of codings, and the
 // gateway built a decoder for each before reading a byte of the body (a
 // brotli reader is 38 KiB): "br,br,br,…" in one request header of 60 KB
 // (max_header_bytes is 64 KiB) made the gateway allocate 750 MiB (its
 // peak RSS grew by 130 MiB; 32 such streams on one HTTP/2 connection, 4 GiB), and a secret-bound upstream's response
-// header, which may be 10 MiB, 170 times that: one
+// header, which could be 10 MiB then, 170 times that: one
 // request, or one answer, and the gateway is past its unit's MemoryMax
 // (512M) and killed, the cage's egress and audit with it. Either way the
 // gateway must refuse the stack before building it, audited, and its
@@ -60,16 +77,10 @@ func TestRedTeamCodingStack(t *testing.T) {
 	})
 	t.Run("response", func(t *testing.T) {
 		h := setupHarness(t, nil)
-		l := upstreamListener(t, filepath.Join(h.dir, "upstream-ca"))
-		srv := &http.Server{ErrorLog: log.New(io.Discard, "", 0), Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		port := serveUpstream(t, h, func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Encoding", stack)
 			io.WriteString(w, "not much of a body")
-		})}
-		go srv.Serve(l)
-		t.Cleanup(func() { srv.Close() })
-		port := l.Addr().(*net.TCPAddr).Port
-		h.rt.Policy.Ports = append(h.rt.Policy.Ports, port)
-		h.writeConfig(h.rt)
+		})
 		cmd := h.startBinary(t)
 		before := procStatus(t, cmd.Process.Pid, "VmHWM")
 		code, _, body, err := h.do(h.client(false), "GET", "https://api.example.com:"+strconv.Itoa(port)+"/v1/models", http.Header{"X-Api-Key": {h.ph["anthropic"]}}, "")
@@ -278,4 +289,104 @@ func TestRedTeamDecoderWindowsHeldAtOnce(t *testing.T) {
 	if err != nil || code != http.StatusOK || out != "stored\n" {
 		t.Fatalf("upload after the others ended: %d %q %v", code, out, err)
 	}
+}
+
+// An upstream's response head could be up to 10 MiB (net/http's
+// Transport's default, which the intercepted path copied), and the gateway
+// holds it parsed while it writes it to an agent that does not read:
+// 16 tunnels whose upstream answered with a 9 MiB header held over 200 MiB
+// of the gateway (its unit's MemoryMax is 512M; max_tunnels 256 allows 28
+// times that). The agent, through the real binary: HTTP/1.1 and HTTP/2
+// requests on intercepted tunnels to an upstream answering with a head
+// over the gateway's bound are refused (502, rule upstream, audited) and
+// the gateway's memory does not grow with them.
+func TestRedTeamUpstreamHugeResponseHead(t *testing.T) {
+	h := setupHarness(t, nil)
+	big := strings.Repeat("h", 9<<20)
+	l := upstreamListener(t, filepath.Join(h.dir, "upstream-ca"))
+	serveEach(l, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			if _, err := http.ReadRequest(br); err != nil {
+				return
+			}
+			if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nX-Big: "+big+"\r\nContent-Length: 2\r\n\r\nok"); err != nil {
+				return
+			}
+		}
+	})
+	port := l.Addr().(*net.TCPAddr).Port
+	h.rt.Policy.Ports = append(h.rt.Policy.Ports, port)
+	h.writeConfig(h.rt)
+	cmd := h.startBinary(t)
+	base := procStatus(t, cmd.Process.Pid, "VmRSS")
+	authority := "api.example.com:" + strconv.Itoa(port)
+	const tunnels = 16
+	for i := range tunnels {
+		c, code := h.connect(authority, "")
+		if code != http.StatusOK {
+			t.Fatalf("CONNECT: %d", code)
+		}
+		defer c.Close()
+		tc := tls.Client(c, &tls.Config{RootCAs: h.cagePool, ServerName: "api.example.com", NextProtos: []string{"http/1.1"}})
+		// The agent asks, and does not read the answer.
+		fmt.Fprintf(tc, "GET /big/%d HTTP/1.1\r\nHost: %s\r\n\r\n", i, authority)
+	}
+	// Every request has reached the upstream and had its answer (or
+	// refusal) begun: one record each, or the gateway blocked writing.
+	deadline := time.Now().Add(2 * time.Minute)
+	var rss int64
+	for {
+		rss = procStatus(t, cmd.Process.Pid, "VmRSS")
+		n := 0
+		for _, r := range h.records(t) {
+			if r.Method == "GET" && r.Port == port {
+				n++
+			}
+		}
+		if n == tunnels || rss-base > 160<<10 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("gateway RSS %d MiB, %d MiB at start", rss>>10, base>>10)
+	if d := rss - base; d > 64<<10 {
+		t.Fatalf("%d tunnels whose upstream sent a 9 MiB head hold %d MiB of the gateway", tunnels, d>>10)
+	}
+	r := h.want(t, is("GET", "api.example.com", port), audit.Blocked, "upstream")
+	if !strings.Contains(r.Reason, "head exceeds") {
+		t.Fatalf("audit record %+v, want the head's size named", r)
+	}
+	// HTTP/2 from the agent goes through net/http's Transport: the same
+	// bound.
+	code, _, body, err := h.do(h.client(true), "GET", "https://"+authority+"/big/h2", nil, "")
+	if err != nil || code != http.StatusBadGateway {
+		t.Fatalf("HTTP/2: %d %q %v, want 502", code, body, err)
+	}
+	h.want(t, is("GET", "api.example.com", port), audit.Blocked, "upstream")
+}
+
+// A WebSocket handshake the upstream answers with an ordinary response
+// goes through the redact stage as any answer does, but a refusal that
+// stage made (here a coding stack past the bound, before anything was
+// written) was taken for a copy error: the agent got an empty 200 that the
+// upstream never sent, and the record said "allowed". As the agent
+// through the real binary: the refusal reaches the agent and the record.
+func TestRedTeamWebSocketHandshakeAnswerRefused(t *testing.T) {
+	h := setupHarness(t, nil)
+	port := serveUpstream(t, h, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Encoding", "gzip, gzip, gzip, gzip, gzip")
+		w.WriteHeader(http.StatusUnauthorized)
+		io.WriteString(w, "no")
+	})
+	h.startBinary(t)
+	hdr := http.Header{"Connection": {"Upgrade"}, "Upgrade": {"websocket"}, "Sec-Websocket-Version": {"13"}, "Sec-Websocket-Key": {"dGhlIHNhbXBsZSBub25jZQ=="}}
+	code, _, body, err := h.do(h.client(false), "GET", "https://api.example.com:"+strconv.Itoa(port)+"/ws", hdr, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code != http.StatusBadGateway || !strings.Contains(body, "codings") {
+		t.Fatalf("agent got %d %q, want the gateway's 502 naming the codings", code, body)
+	}
+	h.want(t, is("GET", "api.example.com", port), audit.Blocked, "content-encoding")
 }

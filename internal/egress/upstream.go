@@ -43,9 +43,15 @@ import (
 // concurrent, which is what a pool of multiplexed connections is for.
 
 const (
-	// maxUpstreamHeader bounds an upstream's response head, as the
-	// Transport's default MaxResponseHeaderBytes does.
-	maxUpstreamHeader = 10 << 20
+	// maxUpstreamHeader bounds an upstream's response head, here and in
+	// both Transports (MaxResponseHeaderBytes; on HTTP/2 the header list
+	// size). The gateway holds a head parsed while it writes it to the
+	// agent, which may not read: at net/http's default of 10 MiB, 16
+	// tunnels held over 200 MiB (red team redh2,
+	// TestRedTeamUpstreamHugeResponseHead), max_tunnels 256 could hold
+	// 2.5 GiB. 128 KiB is twice Envoy's default (60 KiB); nginx proxies
+	// refuse heads over 4 or 8 KiB.
+	maxUpstreamHeader = 128 << 10
 	// upstreamHeaderTimeout is the Transport's ResponseHeaderTimeout: a
 	// model API may think for minutes before its first byte.
 	upstreamHeaderTimeout = 5 * time.Minute

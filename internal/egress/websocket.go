@@ -352,6 +352,13 @@ func (g *Gateway) wsHandshake(w http.ResponseWriter, r *http.Request, t *target,
 		// A refusal by the upstream: an ordinary response, redacted.
 		defer resp.Body.Close()
 		n, res, err := g.respond(w, resp, t)
+		if b, ok := err.(*blockedErr); ok {
+			// Refused before anything was written (a status or coding
+			// the gateway does not pass), as exchange does: not a copy
+			// error after an answer the agent never got.
+			g.refuse(w, r, *rec, b, start)
+			return nil, nil, false
+		}
 		rec.SecretsRedacted, rec.BytesIn = sortedKeys(res.Redacted), n
 		g.auditDone(*rec, start, fmt.Sprintf("websocket handshake answered %d", resp.StatusCode), flags, err)
 		return nil, nil, false
