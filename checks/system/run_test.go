@@ -62,6 +62,21 @@ echo written > /workspace/out.txt
 exit 7
 `
 
+// swapAttack runs as the caller (runner) from the directory it binds: on
+// its run's RunStarted it moves the directory away and leaves in its place
+// a symlink to one it cannot reach (its parent is root's, 0700), whose
+// file it could read if it were bound.
+const swapAttack = `cd /srv/swap/proj || exit 1
+{ timeout 30 cagectl events --json | while read -r l; do
+    case $l in *'"kind":"RunStarted","agent":"swap"'*)
+      mv /srv/swap/proj /srv/swap/old && ln -s /srv/swap/locked/inner /srv/swap/proj && echo swapped; break;;
+    esac
+  done; } &
+sleep 2
+cagectl run --name swap --backend nspawn -- cat /workspace/f; echo "exit $?"
+wait
+`
+
 // TestRunOnSystemd drives cagectl run through caged on the machine's real
 // system bus and systemd: exit status passed through, an allowed and a
 // refused request with the summary and the audit, the workspace written as
@@ -127,6 +142,33 @@ func TestRunOnSystemd(t *testing.T) {
 			}
 		}
 	}
+
+	// A caller who swaps the directory they opened after caged's check
+	// (red team reading the units): a source outside /home and /tmp is the
+	// live host path in the nspawn unit's namespace, so a rename and a
+	// symlink put there before nspawn read its --bind had nspawn (root)
+	// bind a directory the caller cannot reach (and the cage read its
+	// file: "root-only", seen before the fix). The caller (runner)
+	// swaps on RunStarted, which caged sends after its check; the test
+	// holds nspawn back 2 s (a wrapper around the `cagectl store binds`
+	// the unit runs before it execs nspawn) so that the swap surely lands
+	// first. The cage must still see the opened directory.
+	testenv.LookPath(t, "setpriv")
+	m.MustWriteFile(t, "/srv/swap.sh", []byte(swapAttack), 0o755)
+	swap := sh(`mkdir -p /srv/swap && mount -t tmpfs -o mode=0755 tmpfs /srv/swap
+mkdir -p /srv/swap/proj /srv/swap/locked/inner && echo from-opened > /srv/swap/proj/f && echo root-only > /srv/swap/locked/inner/f
+chmod 0700 /srv/swap/locked && chown runner: /srv/swap /srv/swap/proj
+mv /usr/local/bin/cagectl /usr/local/bin/cagectl.real
+printf '#!/bin/sh\n[ "$1 $2" = "store binds" ] && sleep 2\nexec /usr/local/bin/cagectl.real "$@"\n' > /usr/local/bin/cagectl && chmod 755 /usr/local/bin/cagectl
+setpriv --reuid=runner --regid=runner --init-groups sh /srv/swap.sh 2>&1 || true
+mv /usr/local/bin/cagectl.real /usr/local/bin/cagectl; umount /srv/swap`)
+	if !strings.Contains(swap, "swapped") || !strings.Contains(swap, "exit 0") {
+		t.Errorf("the swap after caged's check did not happen, or the run failed:\n%s", swap)
+	}
+	if !strings.Contains(swap, "from-opened") || strings.Contains(swap, "root-only") {
+		t.Errorf("a directory swapped after caged's check: the cage must see the one opened (from-opened), not the root-only one:\n%s", swap)
+	}
+	waitTornDown(t, sh)
 
 	// caged reports a run's end before its teardown: a second run of the
 	// same name right after waits for that teardown instead of colliding.

@@ -9,6 +9,7 @@ import (
 	sysunix "golang.org/x/sys/unix"
 
 	"github.com/nixcage/nixcage/internal/config"
+	"github.com/nixcage/nixcage/internal/paths"
 )
 
 // The check that a throw-away cage got the directories its caller opened
@@ -81,10 +82,13 @@ func (p *pinnedProcess) exited(wait time.Duration) bool {
 // backend makes it. unverifiable is told of a bind caged may not look at
 // (a cage running as another user: caged has no CAP_SYS_PTRACE).
 func checkBindsOf(p *pinnedProcess, binds []verifiedBind, backend string, unverifiable func(verifiedBind, error)) error {
-	for _, b := range binds {
+	for i, b := range binds {
 		at := b.Dest
 		if backend == config.BackendNspawn {
-			at = b.Source
+			// Where systemd staged it in the unit's namespace and nspawn
+			// binds it from (render's hostBinds): the binds are rendered
+			// in this order.
+			at = paths.RunBindStaged(i)
 		}
 		err := p.sees(b, at)
 		switch {

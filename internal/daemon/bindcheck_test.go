@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"os"
@@ -16,6 +17,7 @@ import (
 	sysunix "golang.org/x/sys/unix"
 
 	"github.com/nixcage/nixcage/internal/config"
+	"github.com/nixcage/nixcage/internal/paths"
 	"github.com/nixcage/nixcage/internal/render"
 	"github.com/nixcage/nixcage/internal/testenv"
 )
@@ -28,9 +30,15 @@ func bindOf(t *testing.T, dir string) verifiedBind {
 	if err := syscall.Stat(dir, &st); err != nil {
 		t.Fatal(err)
 	}
-	// nspawn: the check looks at Source in the process's root, which for
-	// the test's children is the test's own.
 	return verifiedBind{Bind: render.Bind{Source: dir, Dest: "/workspace"}, dev: uint64(st.Dev), ino: st.Ino}
+}
+
+// onHost is b looked at where the test's children, whose root is the
+// test's own, see it: at its source (the service backend looks at Dest in
+// the cage's root).
+func onHost(b verifiedBind) verifiedBind {
+	b.Dest = b.Source
+	return b
 }
 
 // child starts a real process and pins it as caged pins a cage's.
@@ -67,18 +75,18 @@ func noUnverifiable(t *testing.T) func(verifiedBind, error) {
 // check what the cage sees at ...: no such file or directory".
 func TestCheckBindsProcessGone(t *testing.T) {
 	dir := t.TempDir()
-	binds := []verifiedBind{bindOf(t, dir)}
+	binds := []verifiedBind{onHost(bindOf(t, dir))}
 
 	cmd, p := child(t, "true")
 	waitExited(t, p)
 	if _, err := os.Stat(filepath.Join("/proc", strconv.Itoa(p.pid))); err != nil {
 		t.Fatalf("the zombie's /proc entry should still be there: %v", err)
 	}
-	if err := checkBindsOf(p, binds, config.BackendNspawn, noUnverifiable(t)); err != nil {
+	if err := checkBindsOf(p, binds, config.BackendService, noUnverifiable(t)); err != nil {
 		t.Errorf("zombie: %v", err)
 	}
 	cmd.Wait()
-	if err := checkBindsOf(p, binds, config.BackendNspawn, noUnverifiable(t)); err != nil {
+	if err := checkBindsOf(p, binds, config.BackendService, noUnverifiable(t)); err != nil {
 		t.Errorf("reaped: %v", err)
 	}
 	if _, err := pinProcess(p.pid); !errors.Is(err, syscall.ESRCH) {
@@ -91,20 +99,22 @@ func TestCheckBindsProcessGone(t *testing.T) {
 // same one passes.
 func TestCheckBindsAlive(t *testing.T) {
 	dir := t.TempDir()
-	good := bindOf(t, dir)
+	good := onHost(bindOf(t, dir))
 	_, p := child(t, "sleep", "60")
 
-	if err := checkBindsOf(p, []verifiedBind{good}, config.BackendNspawn, noUnverifiable(t)); err != nil {
+	if err := checkBindsOf(p, []verifiedBind{good}, config.BackendService, noUnverifiable(t)); err != nil {
 		t.Errorf("the opened directory itself: %v", err)
 	}
 	missing := good
 	missing.Source = filepath.Join(dir, "gone")
-	if err := checkBindsOf(p, []verifiedBind{missing}, config.BackendNspawn, noUnverifiable(t)); err == nil || !errors.Is(err, os.ErrNotExist) {
+	missing = onHost(missing)
+	if err := checkBindsOf(p, []verifiedBind{missing}, config.BackendService, noUnverifiable(t)); err == nil || !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("missing in a live cage: %v, want not-exist error", err)
 	}
 	other := good
 	other.Source = t.TempDir()
-	if err := checkBindsOf(p, []verifiedBind{other}, config.BackendNspawn, noUnverifiable(t)); !errors.Is(err, errReplaced) {
+	other = onHost(other)
+	if err := checkBindsOf(p, []verifiedBind{other}, config.BackendService, noUnverifiable(t)); !errors.Is(err, errReplaced) {
 		t.Errorf("another directory in a live cage: %v, want replaced", err)
 	}
 
@@ -198,6 +208,67 @@ func TestCheckBindsCageDyingDuringTheLook(t *testing.T) {
 			t.Fatalf("the skeleton's own mount point should differ from the opened directory: %v", err)
 		}
 	})
+}
+
+// An nspawn cage's binds are checked where systemd staged them in the
+// unit's namespace (paths.RunBindStaged), not at the caller's path: that
+// path follows renames on the host, and a caller who swapped it after the
+// check had nspawn bind another directory (checks/system TestRunOnSystemd,
+// "swapped after caged's check"). A process in a mount namespace of its
+// own (a private /run, so nothing is left on the host), with a tmpfs at
+// the stage and the opened directory bound at its
+// first entry as the unit has them, stands in for nspawn: the opened
+// directory passes there, and after the caller's path is renamed away and
+// another directory put in its place, the check still answers for the
+// staged one; a stage holding another directory is refused.
+func TestCheckBindsNspawnLooksAtTheStage(t *testing.T) {
+	testenv.RequirePrivileged(t)
+	for _, tool := range []string{"unshare", "mount"} {
+		testenv.LookPath(t, tool)
+	}
+	base := t.TempDir()
+	opened := filepath.Join(base, "proj")
+	if err := os.Mkdir(opened, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	good := bindOf(t, opened)
+	other := bindOf(t, base)
+	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c",
+		`mount -t tmpfs tmpfs /run && mkdir -p "$1" && mount -t tmpfs -o mode=0700 tmpfs "$1" && mkdir "$1/0" && mount --bind "$2" "$1/0" && echo staged && exec sleep 60`, "unit", paths.RunBindStage, opened)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "staged\n" {
+		t.Fatalf("staging the bind: %q %v", line, err)
+	}
+	p, err := pinProcess(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+
+	if err := checkBindsOf(p, []verifiedBind{good}, config.BackendNspawn, noUnverifiable(t)); err != nil {
+		t.Errorf("the opened directory at the stage: %v", err)
+	}
+	// The caller swaps its path; the stage still holds what was opened.
+	if err := os.Rename(opened, filepath.Join(base, "old")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(opened, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkBindsOf(p, []verifiedBind{good}, config.BackendNspawn, noUnverifiable(t)); err != nil {
+		t.Errorf("the opened directory at the stage, its host path swapped: %v", err)
+	}
+	if err := checkBindsOf(p, []verifiedBind{other}, config.BackendNspawn, noUnverifiable(t)); !errors.Is(err, errReplaced) {
+		t.Errorf("another directory than the staged one: %v, want replaced", err)
+	}
 }
 
 // leaderExitsEnv makes the test binary the attacker's cage command of

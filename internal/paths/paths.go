@@ -4,7 +4,10 @@
 // can never disagree between the unit that creates it and the one that reads it.
 package paths
 
-import "path/filepath"
+import (
+	"path/filepath"
+	"strconv"
+)
 
 // Default locations. Prefix is where rendered configuration lives ("/etc" for
 // units installed by an operator or NixOS, "/run" for units caged renders).
@@ -189,6 +192,19 @@ const RunsRoot = "/run/nixcage/runs"
 
 // RunDir is a throw-away cage's directory.
 func RunDir(name string) string { return filepath.Join(RunsRoot, name) }
+
+// RunBindStage is where an nspawn throw-away cage's unit sees its binds:
+// systemd binds each one there, on a tmpfs private to the unit, before it
+// execs nspawn, and nspawn binds it on from there. A path systemd made in
+// the unit's own namespace names the directory caged checked however the
+// host's filesystem changes later; the source path itself follows renames
+// and symlinks on the host until nspawn resolves it (docs/run.md, "Binds
+// are descriptors too").
+const RunBindStage = "/run/nixcage/binds"
+
+// RunBindStaged is where the i-th bind (from 0) of an nspawn throw-away
+// cage is staged.
+func RunBindStaged(i int) string { return filepath.Join(RunBindStage, strconv.Itoa(i)) }
 
 // DefaultWorkspace is an agent's workspace when the config names none.
 func DefaultWorkspace(agent string) string { return filepath.Join(WorkspaceRoot, agent) }

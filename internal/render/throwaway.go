@@ -95,20 +95,23 @@ func (t *Throwaway) serviceBinds() []string {
 	return kv
 }
 
-// nspawnArgs are nspawn's mounts and the user the payload runs as.
+// nspawnArgs are nspawn's mounts and the user the payload runs as. nspawn
+// binds each directory from where systemd staged it (hostBinds), never from
+// its host path: that path follows renames and symlinks on the host until
+// nspawn resolves it, after caged has checked what it named.
 func (t *Throwaway) nspawnArgs() []string {
 	var argv []string
 	if !t.hasWorkspace() {
 		argv = append(argv, "--tmpfs="+paths.CageWorkspace+":mode=1777")
 	}
-	for _, b := range t.Binds {
+	for i, b := range t.Binds {
 		opt := "--bind="
 		if b.ReadOnly {
 			opt = "--bind-ro="
 		}
 		// idmap: the caller's files appear with their own owners and the
 		// payload, running as the caller's uid, writes them as the caller.
-		argv = append(argv, opt+b.Source+":"+b.Dest+":idmap")
+		argv = append(argv, opt+paths.RunBindStaged(i)+":"+b.Dest+":idmap")
 	}
 	argv = append(argv,
 		"--bind-ro="+filepath.Join(t.Prefix, "passwd")+":/etc/passwd",
@@ -118,16 +121,23 @@ func (t *Throwaway) nspawnArgs() []string {
 	return argv
 }
 
-// hostBinds expose exactly the bound directories to nspawn itself, which
-// otherwise sees an empty /home (ProtectHome=tmpfs).
+// hostBinds stage the bound directories for nspawn itself, which otherwise
+// sees an empty /home (ProtectHome=tmpfs) and a private /tmp: systemd binds
+// each one, before it execs nspawn, to a numbered directory on a tmpfs of
+// the unit's own (paths.RunBindStage, which no caller can reach), and that
+// is what nspawn binds into the cage and caged checks. The stage names the
+// directory systemd bound whatever happens on the host afterwards.
 func (t *Throwaway) hostBinds() []string {
-	var kv []string
-	for _, b := range t.Binds {
+	if len(t.Binds) == 0 {
+		return nil
+	}
+	kv := []string{"TemporaryFileSystem", paths.RunBindStage + ":mode=0700,nosuid,nodev"}
+	for i, b := range t.Binds {
 		key := "BindPaths"
 		if b.ReadOnly {
 			key = "BindReadOnlyPaths"
 		}
-		kv = append(kv, key, b.Source)
+		kv = append(kv, key, b.Source+":"+paths.RunBindStaged(i))
 	}
 	return kv
 }

@@ -75,9 +75,18 @@ func TestThrowawayGolden(t *testing.T) {
 				}
 			}
 			if backend == config.BackendNspawn {
-				for _, want := range []string{"--bind=/home/alice/project:/workspace:idmap", "--bind-ro=/srv/data:/mnt/data:idmap", "--user=alice", "--console=interactive", "ProtectHome=tmpfs", "BindPaths=/home/alice/project"} {
+				for _, want := range []string{"--bind=/run/nixcage/binds/0:/workspace:idmap", "--bind-ro=/run/nixcage/binds/1:/mnt/data:idmap", "--user=alice", "--console=interactive", "ProtectHome=tmpfs",
+					"TemporaryFileSystem=/run/nixcage/binds:mode=0700,nosuid,nodev", "BindPaths=/home/alice/project:/run/nixcage/binds/0", "BindReadOnlyPaths=/srv/data:/run/nixcage/binds/1"} {
 					if !strings.Contains(agent, want) {
 						t.Errorf("nspawn drop-in lacks %s", want)
+					}
+				}
+				// nspawn never resolves a caller's path itself: it follows
+				// the host's renames and symlinks until nspawn reads it,
+				// after caged's check (docs/run.md).
+				for _, bad := range []string{":/home/alice/project:", "=/home/alice/project:/workspace", "=/srv/data:/mnt/data"} {
+					if strings.Contains(agent, bad) {
+						t.Errorf("nspawn drop-in binds a caller's path directly (%s):\n%s", bad, agent)
 					}
 				}
 			} else {
