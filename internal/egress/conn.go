@@ -118,14 +118,26 @@ func (c *auditConn) Read(p []byte) (int, error) {
 }
 
 func (c *auditConn) Write(p []byte) (int, error) {
-	if !c.served.Load() && bytes.HasPrefix(p, []byte("HTTP/1.")) && len(p) > 12 && (p[9] == '4' || p[9] == '5') {
-		line := p
-		if i := bytes.IndexByte(p, '\r'); i > 0 {
-			line = p[:i]
+	if !c.served.Load() {
+		if line, ok := refusalLine(p); ok {
+			c.audit("http-protocol", "refused by the HTTP server before the policy ran: "+line)
 		}
-		c.audit("http-protocol", "refused by the HTTP server before the policy ran: "+string(line))
 	}
 	return c.Conn.Write(p)
+}
+
+// refusalLine reports whether p, written to a connection while no handler
+// runs, is net/http answering a request itself (an error status line),
+// and returns that line. net/http writes such an answer in one Write.
+func refusalLine(p []byte) (string, bool) {
+	if !bytes.HasPrefix(p, []byte("HTTP/1.")) || len(p) <= 12 || (p[9] != '4' && p[9] != '5') {
+		return "", false
+	}
+	line := p
+	if i := bytes.IndexByte(p, '\r'); i > 0 {
+		line = p[:i]
+	}
+	return string(line), true
 }
 
 func (c *auditConn) Close() error {

@@ -96,11 +96,13 @@ func (g *Gateway) intercept(raw net.Conn, pre []byte, t *target, rec audit.Recor
 	var served net.Conn = tc
 	var up http.RoundTripper = g.h2
 	var ucl *tunnelClient
+	var rc *tunnelRefusals
 	if !h2 {
 		ucl = g.newTunnelClient()
 		defer ucl.close()
 		up = ucl
-		served = &agentConn{Conn: tc, gone: ucl.agentGone}
+		rc = &tunnelRefusals{agentConn: &agentConn{Conn: tc, gone: ucl.agentGone}, g: g, t: t, start: time.Now()}
+		served = rc
 	}
 	l := &oneConnListener{conn: served, done: make(chan struct{})}
 	var closeOnce sync.Once
@@ -109,6 +111,7 @@ func (g *Gateway) intercept(raw net.Conn, pre []byte, t *target, rec audit.Recor
 	var hijacked atomic.Bool
 	srv := &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			rc.handling()
 			g.serveInner(w, r, t, h2, up)
 			if hijacked.Load() {
 				closeOnce.Do(func() { close(l.done) })
@@ -119,6 +122,8 @@ func (g *Gateway) intercept(raw net.Conn, pre []byte, t *target, rec audit.Recor
 		MaxHeaderBytes:    t.st.maxHeader + 4096,
 		ConnState: func(_ net.Conn, s http.ConnState) {
 			switch s {
+			case http.StateIdle:
+				rc.idle()
 			case http.StateHijacked:
 				hijacked.Store(true)
 			case http.StateClosed:
@@ -140,6 +145,51 @@ func (g *Gateway) intercept(raw net.Conn, pre []byte, t *target, rec audit.Recor
 		ucl.close()
 	}
 	finish(audit.Allowed, t.rule, "intercepted tunnel to "+t.host+" closed")
+}
+
+// tunnelRefusals is the agent's side of an intercepted HTTP/1.1 tunnel as
+// net/http's server sees it: it audits what net/http answers itself,
+// before any handler runs (431 for a head over the limit, 400 for a
+// malformed request line or header, 417, 501), as auditConn does on the
+// proxy listener, but per request: a tunnel carries many, and a refusal
+// may follow requests the policy code served. A nil *tunnelRefusals (an
+// HTTP/2 tunnel, served on the *tls.Conn itself) does nothing.
+type tunnelRefusals struct {
+	*agentConn // keeps CloseWrite, which net/http's lingering close uses
+	g          *Gateway
+	t          *target
+	start      time.Time   // of the current request's wait
+	inRequest  atomic.Bool // a handler runs or its response is being flushed
+	logged     atomic.Bool // the current request's refusal is audited
+}
+
+// handling is called as a handler starts: the policy code audits this
+// request.
+func (c *tunnelRefusals) handling() {
+	if c != nil {
+		c.inRequest.Store(true)
+	}
+}
+
+// idle is called when net/http has finished a request (response flushed)
+// and waits for the next one, which may be refused before a handler runs.
+func (c *tunnelRefusals) idle() {
+	if c != nil {
+		c.start = time.Now()
+		c.inRequest.Store(false)
+		c.logged.Store(false)
+	}
+}
+
+func (c *tunnelRefusals) Write(p []byte) (int, error) {
+	if !c.inRequest.Load() {
+		if line, ok := refusalLine(p); ok && !c.logged.Swap(true) {
+			c.g.logAudit(audit.Record{Decision: audit.Blocked, Rule: "http-protocol", Host: c.t.host, Port: c.t.port,
+				Reason:     "refused by the HTTP server inside the intercepted tunnel before the policy ran: " + line,
+				DurationMS: time.Since(c.start).Milliseconds()})
+		}
+	}
+	return c.agentConn.Write(p)
 }
 
 // serveInner handles one request inside an intercepted tunnel.
