@@ -248,6 +248,14 @@ func (d *Daemon) runTurn(ctx context.Context, a *config.Agent, argv []string, te
 	// systemd holds its own copies now; the turn's end closes the pipes.
 	outW.Close()
 	errW.Close()
+	if err != nil && ctx.Err() != nil {
+		// The caller left (or the agent was killed) while systemd was
+		// starting the unit: the start may have gone through with only
+		// its answer lost, so the unit is stopped, and the turn was
+		// canceled, not refused (TestTurnCallerLeavesDuringTheStart).
+		d.stopTurnUnit(unit)
+		return bus.TurnResult{Status: bus.TurnCanceled, Exit: bus.ExitCanceled}, nil
+	}
 	if err != nil {
 		return bus.TurnResult{}, fmt.Errorf("turn of %s: start %s: %w", a.Name, unit, err)
 	}

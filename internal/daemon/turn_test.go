@@ -342,15 +342,7 @@ func TestTurnEndsWithItsCallerOrAKill(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.SD.Reset()
-	leaving, err := bus.Dial(ctx, c.Bus.Address)
-	if err != nil {
-		t.Fatal(err)
-	}
-	goTurn(leaving, "nobody waits for this")
-	waitTransient(t, c.SD, 1)
-	leaving.Close()
-	e := waitEvent(t, events, func(e bus.Event) bool { return e.Kind == bus.SignalTurnFinished && e.Agent == "alpha" })
-	if e.Data["status"] != bus.TurnCanceled {
+	if e := turnOfACallerThatLeaves(ctx, t, c, events); e.Data["status"] != bus.TurnCanceled {
 		t.Fatalf("turn of a caller that left: %+v", e)
 	}
 	if a, _ := c.SD.State(turnUnit); a != "inactive" {
@@ -369,6 +361,45 @@ func TestTurnEndsWithItsCallerOrAKill(t *testing.T) {
 	}
 	if a, _ := c.SD.State(turnUnit); a != "inactive" {
 		t.Fatalf("turn unit is %s after a kill, want stopped", a)
+	}
+}
+
+// turnOfACallerThatLeaves asks for a turn on a connection of its own,
+// closes that connection once the turn's unit was asked for, and returns
+// the turn's TurnFinished event.
+func turnOfACallerThatLeaves(ctx context.Context, t *testing.T, c *daemontest.Caged, events <-chan bus.Event) bus.Event {
+	t.Helper()
+	leaving, err := bus.Dial(ctx, c.Bus.Address)
+	if err != nil {
+		t.Fatal(err)
+	}
+	goTurn(leaving, "nobody waits for this")
+	waitTransient(t, c.SD, 1)
+	leaving.Close()
+	return waitEvent(t, events, func(e bus.Event) bool { return e.Kind == bus.SignalTurnFinished && e.Agent == "alpha" })
+}
+
+// A caller that leaves while systemd is still answering the turn's start
+// (a loaded systemd: the unit runs, the answer is late): the turn is
+// canceled and its unit stopped. Before the fix caged took the lost answer
+// for a start that failed: the turn was "refused" and its unit left
+// running with nobody to read it (seen as a TestTurnEndsWithItsCallerOrAKill
+// flake under load: "start nixcage-turn@alpha.service: context canceled").
+func TestTurnCallerLeavesDuringTheStart(t *testing.T) {
+	c := daemontest.Start(t, turnAgents)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	events, err := c.Client().Events(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SD.Reset()
+	c.SD.DelayStartReply(2 * time.Second)
+	if e := turnOfACallerThatLeaves(ctx, t, c, events); e.Data["status"] != bus.TurnCanceled {
+		t.Errorf("turn whose caller left during the start: %+v, want status %s", e, bus.TurnCanceled)
+	}
+	if a, _ := c.SD.State(turnUnit); a != "inactive" {
+		t.Errorf("turn unit is %s after its caller left during the start, want stopped", a)
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	sdbus "github.com/coreos/go-systemd/v22/dbus"
 	"github.com/godbus/dbus/v5"
@@ -45,6 +46,17 @@ type Systemd struct {
 	jobID  uint32
 	// transient units by name (StartTransientUnit)
 	transient map[string]*Transient
+	// startDelay holds StartTransientUnit's answers back (DelayStartReply).
+	startDelay time.Duration
+}
+
+// DelayStartReply holds every StartTransientUnit answer back by d after the
+// unit has started, as a loaded systemd's can be: a caller that gives up
+// meanwhile has started a unit without knowing it.
+func (s *Systemd) DelayStartReply(d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.startDelay = d
 }
 
 type unitState struct{ active, sub string }
@@ -423,6 +435,15 @@ type transientAux struct {
 // systemd would read them, are not interpreted): it records the call and
 // keeps the stdio descriptors for the test.
 func (m manager) StartTransientUnit(name, mode string, props []transientProp, aux []transientAux) (dbus.ObjectPath, *dbus.Error) {
+	job, err := m.startTransient(name, props)
+	m.s.mu.Lock()
+	delay := m.s.startDelay
+	m.s.mu.Unlock()
+	time.Sleep(delay)
+	return job, err
+}
+
+func (m manager) startTransient(name string, props []transientProp) (dbus.ObjectPath, *dbus.Error) {
 	s := m.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
