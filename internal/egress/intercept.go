@@ -240,9 +240,7 @@ func (g *Gateway) serveInner(w http.ResponseWriter, r *http.Request, t *target, 
 		// so it takes a slot of its own (the tunnel holds one already).
 		release, n, limit, ok := g.acquire()
 		if !ok {
-			b := block(http.StatusServiceUnavailable, "max-tunnels", "%d connections and streams open, limit %d", n, limit)
-			b.keepConn = true
-			g.refuse(w, r, rec, b, start)
+			g.refuse(w, r, rec, block(http.StatusServiceUnavailable, "max-tunnels", "%d connections and streams open, limit %d", n, limit), start)
 			return
 		}
 		defer release()

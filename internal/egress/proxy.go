@@ -71,9 +71,6 @@ type blockedErr struct {
 	status int
 	reason string
 	rule   string
-	// keepConn: refuse one request (an HTTP/2 stream) without closing the
-	// connection the agent's other requests share.
-	keepConn bool
 }
 
 func (b *blockedErr) Error() string { return b.reason }

@@ -116,7 +116,13 @@ func writeDenial(w http.ResponseWriter, r *http.Request, b *blockedErr) {
 	h := w.Header()
 	h.Set("X-Nixcage-Egress", "blocked")
 	h.Set("X-Nixcage-Rule", b.rule)
-	if !b.keepConn {
+	if r == nil || r.ProtoMajor != 2 {
+		// HTTP/1.x: the refused request's body may be unread, so the
+		// connection cannot carry another request. On HTTP/2 the refusal
+		// ends its own stream (net/http resets it if the body is unread),
+		// and Connection: close would make net/http send a graceful GOAWAY
+		// for the agent's whole connection: the streams it opened after
+		// this one would fail unserved (red team finding).
 		h.Set("Connection", "close")
 	}
 	h.Set("Cache-Control", "no-store")
