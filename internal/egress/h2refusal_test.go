@@ -7,12 +7,16 @@ package egress
 // own stream only.
 
 import (
+	"bufio"
+	"crypto/tls"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptrace"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nixcage/nixcage/internal/egress/audit"
 	"github.com/nixcage/nixcage/internal/policy"
@@ -77,6 +81,13 @@ func TestRedTeamH2RefusalKeepsTheConnection(t *testing.T) {
 		t.Fatalf("upstream last saw %+v, want /h2refuse/after (and never the denied path)", s)
 	}
 	h.want(t, func(r audit.Record) bool { return r.Path == "/h2refuse/after" }, audit.Allowed, "")
+	// An honest client's stream reset after a refusal is no protocol
+	// refusal (TestRedTeamH2ProtocolRefusalAudited).
+	for _, r := range h.records(t) {
+		if r.Rule == "http-protocol" {
+			t.Fatalf("http-protocol record for an honest client: %+v", r)
+		}
+	}
 }
 
 func countDistinct(cs []net.Conn) int {
@@ -86,3 +97,59 @@ func countDistinct(cs []net.Conn) int {
 	}
 	return len(seen)
 }
+
+// What net/http's HTTP/2 server refuses itself inside an intercepted
+// tunnel (a protocol error: GOAWAY; a malformed request: its stream reset)
+// gets one http-protocol record with the tunnel's host, as the HTTP/1.1
+// refusals do (TestTunnelRefusalAudited). The agent writes raw frames.
+func TestRedTeamH2ProtocolRefusalAudited(t *testing.T) {
+	h := newHarness(t, nil)
+	host := "other.example.com"
+	authority := host + ":" + strconv.Itoa(h.up.tlsPort)
+	for _, tc := range []struct {
+		name   string
+		send   func(c *h2Conn) error
+		frame  byte   // what the gateway answers: GOAWAY or RST_STREAM
+		reason string // in the record's reason
+	}{
+		{"ping-on-stream", func(c *h2Conn) error { return c.write(h2Ping, 0, 1, make([]byte, 8)) }, h2GoAway, "frame_ping_has_stream"},
+		{"request-without-path", func(c *h2Conn) error {
+			return c.write(h2Headers, h2EndHeaders|h2EndStream, 1, hpackLiterals(":method", "GET", ":scheme", "https", ":authority", authority))
+		}, h2RSTStream, "stream_PROTOCOL_ERROR_bad_path_method"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			raw, _ := h.connect(authority, "")
+			if raw == nil {
+				t.Fatalf("CONNECT %s refused", authority)
+			}
+			defer raw.Close()
+			_ = raw.SetDeadline(time.Now().Add(20 * time.Second))
+			tc2 := tls.Client(raw, &tls.Config{RootCAs: h.cagePool, ServerName: host, NextProtos: []string{"h2"}})
+			if err := tc2.Handshake(); err != nil || tc2.ConnectionState().NegotiatedProtocol != "h2" {
+				t.Fatalf("TLS with the gateway: %v, ALPN %q", err, tc2.ConnectionState().NegotiatedProtocol)
+			}
+			c := &h2Conn{c: tc2, br: bufio.NewReader(tc2)}
+			if _, err := io.WriteString(tc2, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.write(h2Settings, 0, 0, nil); err != nil {
+				t.Fatal(err)
+			}
+			if err := tc.send(c); err != nil {
+				t.Fatal(err)
+			}
+			for {
+				f, err := readH2Frame(c.br)
+				if err != nil {
+					t.Fatalf("no %#x frame from the gateway: %v", tc.frame, err)
+				}
+				if f.typ == tc.frame {
+					break
+				}
+			}
+			h.wantOneProtocolRefusal(t, host, tc.reason)
+		})
+	}
+}
+
+const h2Ping = 0x6 // RFC 9113 §6.7

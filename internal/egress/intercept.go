@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -136,6 +137,11 @@ func (g *Gateway) intercept(raw net.Conn, pre []byte, t *target, rec audit.Recor
 	p.SetHTTP2(true)
 	srv.Protocols = &p
 	srv.HTTP2 = h2Limits
+	if h2 {
+		conf := *h2Limits
+		conf.CountError = func(errType string) { g.auditH2Error(t, errType) }
+		srv.HTTP2 = &conf
+	}
 	if err := srv.Serve(l); err != nil && !errors.Is(err, net.ErrClosed) {
 		g.log.Debug("intercepted connection ended", "host", t.host, "err", err)
 	}
@@ -190,6 +196,24 @@ func (c *tunnelRefusals) Write(p []byte) (int, error) {
 		}
 	}
 	return c.agentConn.Write(p)
+}
+
+// auditH2Error audits what net/http's HTTP/2 server refuses itself inside
+// an intercepted tunnel, as tunnelRefusals does for HTTP/1.1: it calls
+// HTTP2Config.CountError once per error it answers. Audited: connection
+// errors (a GOAWAY: "conn_*" and the framer's "frame_*") and streams reset
+// with PROTOCOL_ERROR (a malformed request: no :path, a bad CONNECT, bogus
+// trailers, over the stream limit). Not audited: STREAM_CLOSED, FLOW_CONTROL
+// and REFUSED_STREAM resets, which an honest client meets in a race (DATA
+// still in flight for a stream a refusal ended), and a lost ping (the agent
+// is gone). The 431 for a header block over the limit and the GOAWAY for
+// one far over it are not counted by net/http (no hook): not audited.
+func (g *Gateway) auditH2Error(t *target, errType string) {
+	if !strings.HasPrefix(errType, "conn_") && !strings.HasPrefix(errType, "frame_") && !strings.HasPrefix(errType, "stream_PROTOCOL_ERROR_") || errType == "conn_close_lost_ping" {
+		return
+	}
+	g.logAudit(audit.Record{Decision: audit.Blocked, Rule: "http-protocol", Host: t.host, Port: t.port,
+		Reason: "refused by the HTTP/2 server inside the intercepted tunnel before the policy ran: " + errType})
 }
 
 // serveInner handles one request inside an intercepted tunnel.

@@ -70,28 +70,35 @@ func TestTunnelRefusalAudited(t *testing.T) {
 			if resp.StatusCode != tc.status {
 				t.Fatalf("refused request: %s, want %d", resp.Status, tc.status)
 			}
-			want := "HTTP/1.1 " + strconv.Itoa(tc.status)
-			refusal := func(r audit.Record) bool {
-				return r.Rule == "http-protocol" && strings.Contains(r.Reason, want)
-			}
-			if !h.recorded(t, refusal) {
-				t.Fatalf("no http-protocol record for the %d; audit:\n%s", tc.status, h.dump())
-			}
-			n := 0
-			for _, r := range h.records(t) {
-				if refusal(r) {
-					n++
-					if r.Decision != audit.Blocked || r.Host != host || r.Port != h.up.tlsPort || r.Schema != audit.Schema || r.Agent != "alice" {
-						t.Fatalf("refusal record %+v: want blocked, host %s port %d", r, host, h.up.tlsPort)
-					}
-				}
-			}
-			if n != 1 {
-				t.Fatalf("%d http-protocol records for the %d, want 1; audit:\n%s", n, tc.status, h.dump())
-			}
+			h.wantOneProtocolRefusal(t, host, "HTTP/1.1 "+strconv.Itoa(tc.status))
 			if s := h.up.lastSeen(); s == nil || s.Path != path+"-ok" {
 				t.Fatalf("upstream last saw %+v, want the served request %s-ok only", s, path)
 			}
 		})
+	}
+}
+
+// wantOneProtocolRefusal checks that exactly one http-protocol record whose
+// reason contains reason was written, blocked, with the tunnel's host and
+// port.
+func (h *harness) wantOneProtocolRefusal(t *testing.T, host, reason string) {
+	t.Helper()
+	refusal := func(r audit.Record) bool {
+		return r.Rule == "http-protocol" && strings.Contains(r.Reason, reason)
+	}
+	if !h.recorded(t, refusal) {
+		t.Fatalf("no http-protocol record for %q; audit:\n%s", reason, h.dump())
+	}
+	n := 0
+	for _, r := range h.records(t) {
+		if refusal(r) {
+			n++
+			if r.Decision != audit.Blocked || r.Host != host || r.Port != h.up.tlsPort || r.Schema != audit.Schema || r.Agent != "alice" {
+				t.Fatalf("refusal record %+v: want blocked, host %s port %d", r, host, h.up.tlsPort)
+			}
+		}
+	}
+	if n != 1 {
+		t.Fatalf("%d http-protocol records for %q, want 1; audit:\n%s", n, reason, h.dump())
 	}
 }
