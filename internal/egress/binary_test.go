@@ -132,16 +132,6 @@ func TestFloodRSS(t *testing.T) {
 	cmd := h.startBinary(t)
 	pid := cmd.Process.Pid
 	idle := procStatus(t, pid, "VmRSS")
-	// A gateway that crashed leaves its panic in its log.
-	crashed := func() string {
-		h.logMu.Lock()
-		defer h.logMu.Unlock()
-		log := h.logBuf.String()
-		if i := strings.Index(log, "panic:"); i >= 0 {
-			return log[i:min(len(log), i+3000)]
-		}
-		return ""
-	}
 	var conns []net.Conn
 	defer func() {
 		for _, c := range conns {
@@ -193,7 +183,7 @@ func TestFloodRSS(t *testing.T) {
 		}
 	}()
 	time.Sleep(5 * time.Second)
-	if panicked := crashed(); panicked != "" {
+	if panicked := h.panicked(); panicked != "" {
 		t.Fatalf("the gateway crashed under the flood:\n%s", panicked)
 	}
 	peak := procStatus(t, pid, "VmHWM")
@@ -217,14 +207,14 @@ func TestFloodRSS(t *testing.T) {
 	var code int
 	var err error
 	start := time.Now()
-	for time.Since(start) < serveAgain && crashed() == "" {
+	for time.Since(start) < serveAgain && h.panicked() == "" {
 		code, _, _, err = h.do(h.client(false), "GET", h.httpURL("plain.example.com", "/after-flood"), nil, "")
 		if err == nil && code == http.StatusOK {
 			break
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if panicked := crashed(); panicked != "" {
+	if panicked := h.panicked(); panicked != "" {
 		t.Fatalf("the gateway crashed under the flood:\n%s", panicked)
 	}
 	if err != nil || code != http.StatusOK {

@@ -288,6 +288,18 @@ func (h *harness) logged(s string) bool {
 	return strings.Contains(h.logBuf.String(), s)
 }
 
+// panicked returns the panic a crashed gateway left in its log (its first
+// 3000 bytes), or "".
+func (h *harness) panicked() string {
+	h.logMu.Lock()
+	defer h.logMu.Unlock()
+	log := h.logBuf.String()
+	if i := strings.Index(log, "panic:"); i >= 0 {
+		return log[i:min(len(log), i+3000)]
+	}
+	return ""
+}
+
 // readLog collects the gateway's log lines and returns the serving line.
 func (h *harness) readLog(r io.Reader) string {
 	sc := bufio.NewScanner(r)

@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -81,21 +80,12 @@ func TestBodyDecoderClosedUnderTransportRead(t *testing.T) {
 	cmd := h.startBinary(t)
 	frame := tinyBlocksZstd(t, 4000)
 
-	crashed := func() string {
-		h.logMu.Lock()
-		defer h.logMu.Unlock()
-		log := h.logBuf.String()
-		if i := strings.Index(log, "panic:"); i >= 0 {
-			return log[i:min(len(log), i+3000)]
-		}
-		return ""
-	}
 	const attempts = 100
 	target := "http://sink.example.com:" + strconv.Itoa(port) + "/upload"
 	for i := range attempts {
 		c, err := net.Dial("tcp", h.proxyAddr)
 		if err != nil {
-			if p := crashed(); p != "" {
+			if p := h.panicked(); p != "" {
 				t.Fatalf("the gateway crashed after %d uploads:\n%s", i, p)
 			}
 			t.Fatalf("dial the gateway: %v", err)
@@ -134,7 +124,7 @@ func TestBodyDecoderClosedUnderTransportRead(t *testing.T) {
 		close(stop)
 		c.Close()
 		wg.Wait()
-		if p := crashed(); p != "" {
+		if p := h.panicked(); p != "" {
 			t.Fatalf("the gateway crashed after %d uploads:\n%s", i+1, p)
 		}
 		if err != nil {
@@ -145,7 +135,7 @@ func TestBodyDecoderClosedUnderTransportRead(t *testing.T) {
 		}
 	}
 	code, _, _, err := h.do(h.client(false), "GET", h.httpURL("plain.example.com", "/after"), nil, "")
-	if p := crashed(); p != "" {
+	if p := h.panicked(); p != "" {
 		t.Fatalf("the gateway crashed:\n%s", p)
 	}
 	if err != nil || code != http.StatusOK {
