@@ -38,6 +38,12 @@
 #                                  # and keep-alive, no RSS, no interception;
 #                                  # 1000 GETs, 256 MiB, 3 s (~1 minute a
 #                                  # round), ROUNDS interleaved rounds
+#   PAIRED_N=1000                  # the default: after each row's figures,
+#                                  # PAIRED_N new tunnels through it paired
+#                                  # one by one with PAIRED_N direct ones in
+#                                  # the same run (the "paired" table; its
+#                                  # ratios do not depend on the load moving
+#                                  # between two runs); PAIRED_N=0 skips them
 #
 # Destinations: the "name" round gives every proxy up.bench.test, resolved
 # through the same loopback resolver (cage-egress --resolver, squid
@@ -52,6 +58,10 @@
 # CONNECT, no policy, no log), which the clients reach as the upstream;
 # "splice" is io.Copy between TCP connections (splice(2)), "rw" plain
 # read/write through a 64 KiB buffer. The floor is the better of the two.
+# The "connect relay splice" row is the floor under every CONNECT proxy:
+# `loadgen relay -connect`, the splice relay that first reads the client's
+# CONNECT head and answers 200 (no policy, no resolution, no log; it dials
+# the upstream whatever was named), asked for the name as cage-egress is.
 # The "kernel sockmap relay" row is bench/egress/sockmap, its own module: the
 # same hop with the bytes forwarded in the kernel (two BPF sockmaps and an
 # SK_SKB verdict program), user space woken per connection only. Its proxy
@@ -79,6 +89,7 @@ bench_init egress-bench
 
 N_LAT=${N_LAT:-2000}; BULK=${BULK:-$((512 << 20))}; ROUNDS=${ROUNDS:-3}; KA_SECS=${KA_SECS:-5s}; HOLD=${HOLD:-1000}; ICPT_SECS=${ICPT_SECS:-5s}
 if [ -n "${QUICK:-}" ]; then N_LAT=300; BULK=$((128 << 20)); ROUNDS=1; KA_SECS=2s; HOLD=300; ICPT_SECS=2s; fi
+PAIRED_N=${PAIRED_N:-1000}; [ -n "${QUICK:-}" ] && PAIRED_N=${PAIRED_N_Q:-300}
 if [ "${ONLY:-}" = tunnel ]; then N_LAT=${N_LAT_T:-1000}; BULK=${BULK_T:-$((256 << 20))}; KA_SECS=${KA_SECS_T:-3s}; fi
 PORT=${PORT:-23140}
 # squid takes nameservers without a port: the bench resolver listens on
@@ -124,6 +135,10 @@ measure() {
   c2=$(cpu_ticks "$pid"); lg rps -label "$label" "$@" -c 8 -d "$KA_SECS" -upstream-pid "$UP_PID" -proxy-pid "$pid"
   c3=$(cpu_ticks "$pid")
   echo "{\"mode\":\"cpu\",\"label\":\"$label\",\"tck\":$TCK,\"latency\":$((c1 - c0)),\"throughput\":$((c2 - c1)),\"rps\":$((c3 - c2)),\"csw_latency\":$((s1 - s0))}" >>"$R"
+  # Paired new tunnels: every other one direct, in the same run, so both
+  # halves meet the same moments of the machine's load (the table after
+  # the first; PAIRED_N=0 skips it).
+  [ "$PAIRED_N" = 0 ] || lg latency -label "$label" "$@" -n "$PAIRED_N" -paired "127.0.0.1:$UP_PORT"
 }
 
 background UP "$W/loadgen" upstream -dir "$W/upca"
@@ -133,6 +148,8 @@ background RELAY "$W/loadgen" relay -to "127.0.0.1:$UP_PORT" -copy splice
 RELAY_PID=${PIDS[-1]}
 background RELAYRW "$W/loadgen" relay -to "127.0.0.1:$UP_PORT" -copy rw -buf $((64 << 10))
 RELAYRW_PID=${PIDS[-1]}
+background CRELAY "$W/loadgen" relay -to "127.0.0.1:$UP_PORT" -copy splice -connect
+CRELAY_PID=${PIDS[-1]}
 if [ -n "$KRELAY_OK" ]; then
   background KRELAY "$W/sockmap" -to "127.0.0.1:$UP_PORT"
   KRELAY_PID=${PIDS[-1]}
@@ -171,7 +188,7 @@ stop_proxy() { kill "$PROXY_PID" 2>/dev/null || true; wait "$PROXY_PID" 2>/dev/n
 peers=("cage-egress|name ip")
 [ -n "${BASE_EGRESS:-}" ] && peers+=("cage-egress-base|name")
 [ -n "${GOMAXPROCS1:-}" ] && peers+=("cage-egress-gomaxprocs1|name")
-peers+=("tcp relay splice|floor" "tcp relay rw|floor")
+peers+=("tcp relay splice|floor" "tcp relay rw|floor" "connect relay splice|floor")
 [ -n "$KRELAY_OK" ] && peers+=("kernel sockmap relay|floor")
 [ -n "$SQUID" ] && peers+=("squid|name ip")
 peers+=("goproxy|name ip")
@@ -181,7 +198,7 @@ if [ "${ONLY:-}" = tunnel ]; then
   peers=("cage-egress|name")
   [ -n "${BASE_EGRESS:-}" ] && peers+=("cage-egress-base|name")
   [ -n "${GOMAXPROCS1:-}" ] && peers+=("cage-egress-gomaxprocs1|name")
-  peers+=("tcp relay splice|floor" "tcp relay rw|floor")
+  peers+=("tcp relay splice|floor" "tcp relay rw|floor" "connect relay splice|floor")
   [ -n "$KRELAY_OK" ] && peers+=("kernel sockmap relay|floor")
   [ -n "$SQUID" ] && peers+=("squid|name")
 fi
@@ -288,6 +305,8 @@ for rnd in $(seq "$ROUNDS"); do
       if [ "$kind" = floor ]; then
         # The relay is the upstream as far as the clients know.
         case $name in
+          # The bare CONNECT proxy is asked for the name, as cage-egress is.
+          connect*) measure "$label" "$CRELAY_PID" -proxy "$CRELAY" -target "up.bench.test:$UP_PORT" ;;
           *splice) measure "$label" "$RELAY_PID" -target "$RELAY" ;;
           kernel*) measure "$label" "$KRELAY_PID" -target "$KRELAY" ;;
           *) measure "$label" "$RELAYRW_PID" -target "$RELAYRW" ;;
@@ -409,6 +428,18 @@ for name in lat:
     icr = ratio(ic, name, "req_per_s") if name in ic else None
     errs = sum(r["errors"] for t in (lat, tp, ka_r) for r in t.get(name, {}).values())
     print(f"| {name} | {f(ratio(lat,name,'p50_us'))} | {f(ratio(lat,name,'p99_us'))} | {f(ratio(tp,name,'mb_per_s'))} | {f(ratio(ka_r,name,'req_per_s'))} | {mem} | {f(icr)} |" + (f" ({errs} errors)" if errs else ""))
+# Paired new tunnels: each run alternates direct and proxied tunnels, so
+# its ratio compares tunnels made microseconds apart.
+pl = rows("paired")
+if pl:
+    print(f"\nNew tunnels paired in one run: every other tunnel direct ({next(iter(next(iter(pl.values())).values()))['n']} pairs per run); ratio of the proxied tunnels' p50 and p99 to the direct ones' of the same run (median over rounds):\n")
+    print("| proxy | new tunnel p50 | p99 | p50 per round | p99 per round |")
+    print("|---|---|---|---|---|")
+    for name, slots in pl.items():
+        r50 = [r["p50_us"] / r["direct_p50_us"] for r in slots.values() if r.get("direct_p50_us")]
+        r99 = [r["p99_us"] / r["direct_p99_us"] for r in slots.values() if r.get("direct_p99_us")]
+        errs = sum(r["errors"] for r in slots.values())
+        print(f"| {name} | {f(st.median(r50) if r50 else None)} | {f(st.median(r99) if r99 else None)} | {' '.join(f'{x:.2f}' for x in r50)} | {' '.join(f'{x:.2f}' for x in r99)} |" + (f" ({errs} errors)" if errs else ""))
 # CPU of the proxy process per operation: ticks over a workload divided by
 # what it served (tunnels, requests, GiB), median over rounds.
 cpu, cpu_ic = rows("cpu"), rows("cpu", True)

@@ -15,7 +15,7 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := egress.Run(ctx, os.Args[1:], stdio.OS())
+	err := egress.Main(ctx, os.Args[1:], stdio.OS())
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "cage-egress:", err)

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -26,8 +27,8 @@ import (
 func (h *harness) startBinary(t *testing.T) *exec.Cmd {
 	t.Helper()
 	bin := systest.BuildT(t, "./cmd/cage-egress")
-	cmd := exec.Command(bin, "--config", h.cfgPath, "--listen-proxy", "127.0.0.1:0", "--listen-dns", "127.0.0.1:0",
-		"--resolver", h.dns.addr, "--upstream-ca", h.up.rootsFile)
+	cmd := exec.Command(bin, append([]string{"--config", h.cfgPath, "--listen-proxy", "127.0.0.1:0", "--listen-dns", "127.0.0.1:0",
+		"--resolver", h.dns.addr, "--upstream-ca", h.up.rootsFile}, h.args...)...)
 	cmd.Env = os.Environ() // CREDENTIALS_DIRECTORY from setupHarness
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -221,4 +222,65 @@ func TestFloodRSS(t *testing.T) {
 		t.Fatalf("the gateway does not serve %v after the flood ended: last answer %d, error %v", serveAgain, code, err)
 	}
 	t.Logf("the gateway served again %v after the flood ended", time.Since(start).Round(time.Millisecond))
+}
+
+// The real binary runs on one P while intercepted requests come one at a
+// time and on every P while two are in flight, back to one P a second
+// after the overlap ends (internal/procs; docs/performance.md,
+// "GOMAXPROCS governor"). Its debug log names every change.
+func TestBinaryGovernsProcs(t *testing.T) {
+	if runtime.NumCPU() < 2 {
+		t.Skip("one CPU: cage-egress leaves GOMAXPROCS alone, nothing to govern")
+	}
+	t.Setenv("GOMAXPROCS", "")
+	os.Unsetenv("GOMAXPROCS")
+	h := setupHarness(t, nil)
+	h.args = []string{"--log-level", "debug"}
+	h.startBinary(t)
+	lines := func(s string) int {
+		h.logMu.Lock()
+		defer h.logMu.Unlock()
+		return strings.Count(h.logBuf.String(), s)
+	}
+	one := `msg="GOMAXPROCS set" procs=1 `
+	all := fmt.Sprintf(`msg="GOMAXPROCS set" procs=%d `, runtime.NumCPU())
+	if lines(one) != 1 {
+		t.Fatalf("the gateway did not start on one P:\n%s", h.logBuf.String())
+	}
+	c := h.client(false)
+	for i := range 5 {
+		if code, _, _, err := h.do(c, "GET", h.tlsURL("api.example.com", "/serial"), nil, ""); err != nil || code != 200 {
+			t.Fatalf("serial request %d: %d %v", i, code, err)
+		}
+	}
+	if n := lines(all); n != 0 {
+		t.Fatalf("serial requests raised GOMAXPROCS:\n%s", h.logBuf.String())
+	}
+	// Two streams held open by the upstream: two requests in flight.
+	done := make(chan error, 2)
+	for range 2 {
+		go func() {
+			_, _, _, err := h.do(h.client(false), "GET", h.tlsURL("api.example.com", "/sse"), nil, "")
+			done <- err
+		}()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for lines(all) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("two requests in flight did not raise GOMAXPROCS:\n%s", h.logBuf.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	close(h.up.release)
+	for range 2 {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for lines(one) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("GOMAXPROCS not back at one after the overlap:\n%s", h.logBuf.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

@@ -39,6 +39,7 @@ import (
 	"github.com/nixcage/nixcage/internal/egress/redact"
 	"github.com/nixcage/nixcage/internal/egress/secrets"
 	"github.com/nixcage/nixcage/internal/policy"
+	"github.com/nixcage/nixcage/internal/procs"
 )
 
 // Limits a document leaves at zero take the model's defaults
@@ -84,6 +85,11 @@ type Options struct {
 	// cage-egress --unsafe-bench-ip-literals, which refuses to run under
 	// systemd; no configuration document can set it (docs/egress.md).
 	UnsafeBenchIPLiterals bool
+	// Procs sets GOMAXPROCS from the intercepted work in flight (one P
+	// while it is serial; internal/procs). nil leaves GOMAXPROCS alone:
+	// cage-egress sets it, tests that run many gateways in one process
+	// do not.
+	Procs *procs.Governor
 }
 
 // Gateway is one agent's egress gateway.

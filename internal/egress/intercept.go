@@ -71,7 +71,11 @@ func (g *Gateway) intercept(raw net.Conn, pre []byte, t *target, rec audit.Recor
 	}
 	tc := tls.Server(cc, conf)
 	ctx, cancel := context.WithTimeout(context.Background(), handshakeTimeout)
+	// The handshake is CPU work (the leaf's signature, the key exchange):
+	// several at once get every P.
+	g.opts.Procs.Begin()
 	err := tc.HandshakeContext(ctx)
+	g.opts.Procs.End()
 	cancel()
 	finish := func(decision, rule, reason string) {
 		rec.Decision, rec.Rule, rec.Reason = decision, rule, withNote(rec.Reason, reason)
@@ -219,6 +223,10 @@ func (g *Gateway) auditH2Error(t *target, errType string) {
 // serveInner handles one request inside an intercepted tunnel.
 // up is the upstream client for the tunnel's requests.
 func (g *Gateway) serveInner(w http.ResponseWriter, r *http.Request, t *target, h2 bool, up http.RoundTripper) {
+	// An intercepted request is CPU work (TLS both ways, inspection):
+	// two in flight get every P.
+	g.opts.Procs.Begin()
+	defer g.opts.Procs.End()
 	start := time.Now()
 	rec := audit.Record{Method: r.Method, Host: t.host, Port: t.port, Path: r.URL.Path, Rule: t.rule}
 	if r.Method == http.MethodConnect {

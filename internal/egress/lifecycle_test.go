@@ -41,7 +41,7 @@ func TestHelperGateway(t *testing.T) {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
-	err := Run(ctx, strings.Split(os.Getenv(helperEnv), "\x1f"), stdio.OS())
+	err := Main(ctx, strings.Split(os.Getenv(helperEnv), "\x1f"), stdio.OS())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "helper:", err)
 		os.Exit(1)

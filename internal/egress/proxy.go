@@ -134,6 +134,8 @@ func (g *Gateway) serveProxy(w http.ResponseWriter, r *http.Request) {
 	}
 	t := &target{st: st, host: host, port: port, dst: dst, aliases: aliases, rule: dec.Rule}
 	defer g.limitBody(w, r, t.st)()
+	g.opts.Procs.Begin()
+	defer g.opts.Procs.End()
 	g.forward(w, r, t, rec, start)
 }
 

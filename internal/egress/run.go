@@ -27,6 +27,7 @@ import (
 	"github.com/nixcage/nixcage/internal/egress/prepare"
 	"github.com/nixcage/nixcage/internal/paths"
 	"github.com/nixcage/nixcage/internal/policy"
+	"github.com/nixcage/nixcage/internal/procs"
 	"github.com/nixcage/nixcage/internal/stdio"
 	"github.com/nixcage/nixcage/internal/version"
 )
@@ -49,6 +50,18 @@ the --listen-* flags. Secrets are read from $CREDENTIALS_DIRECTORY.`
 
 // Run is cage-egress.
 func Run(ctx context.Context, args []string, stdio Stdio) error {
+	return run(ctx, args, stdio, false)
+}
+
+// Main is Run for the cage-egress process itself: serving, it also
+// governs the process's GOMAXPROCS (one P while its CPU work is serial,
+// internal/procs). Run leaves GOMAXPROCS alone, so tests that run many
+// gateways in one process keep theirs.
+func Main(ctx context.Context, args []string, stdio Stdio) error {
+	return run(ctx, args, stdio, true)
+}
+
+func run(ctx context.Context, args []string, stdio Stdio, governProcs bool) error {
 	if len(args) == 1 && (args[0] == "--version" || args[0] == "version") {
 		fmt.Fprintln(stdio.Out, "cage-egress", version.Version)
 		return nil
@@ -56,7 +69,7 @@ func Run(ctx context.Context, args []string, stdio Stdio) error {
 	if len(args) > 0 && args[0] == "prepare" {
 		return runPrepare(args[1:], stdio)
 	}
-	return runServe(ctx, args, stdio)
+	return runServe(ctx, args, stdio, governProcs)
 }
 
 func newFlags(name string, stdio Stdio) *flag.FlagSet {
@@ -99,7 +112,7 @@ type serveFlags struct {
 	unsafeBenchIPLiterals                                          bool
 }
 
-func runServe(ctx context.Context, args []string, stdio Stdio) error {
+func runServe(ctx context.Context, args []string, stdio Stdio, governProcs bool) error {
 	fs := newFlags("cage-egress", stdio)
 	var f serveFlags
 	fs.StringVar(&f.config, "config", "", "egress runtime document (JSON)")
@@ -169,6 +182,10 @@ func runServe(ctx context.Context, args []string, stdio Stdio) error {
 	// and the names its CONNECT and plain HTTP requests have the gateway
 	// look up reach the upstream resolver alike.
 	lookups := dnsfilter.NewLookups()
+	var gov *procs.Governor
+	if governProcs {
+		gov = procs.New(log)
+	}
 	g, err := New(rt, Options{
 		CredentialsDir: credDir,
 		Resolver:       &dnsfilter.Resolver{Server: resolverAddr, Lookups: lookups},
@@ -178,6 +195,7 @@ func runServe(ctx context.Context, args []string, stdio Stdio) error {
 		Log:            log,
 
 		UnsafeBenchIPLiterals: f.unsafeBenchIPLiterals,
+		Procs:                 gov,
 	})
 	if err != nil {
 		return err

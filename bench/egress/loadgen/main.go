@@ -6,6 +6,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -158,6 +159,7 @@ func relay(args []string) error {
 	to := fs.String("to", "", "address every connection is forwarded to")
 	mode := fs.String("copy", "splice", "splice (io.Copy between TCP conns) or rw (read/write through a buffer)")
 	bufSize := fs.Int("buf", 32<<10, "buffer per direction for -copy rw")
+	connect := fs.Bool("connect", false, "be a bare CONNECT proxy: read the client's CONNECT head, answer 200, then dial -to (whatever the CONNECT named) and copy; no policy, no resolution, no log: the floor under every CONNECT proxy")
 	fs.Parse(args)
 	if *mode != "splice" && *mode != "rw" {
 		return fmt.Errorf("-copy %q: want splice or rw", *mode)
@@ -185,9 +187,19 @@ func relay(args []string) error {
 			}
 			go func() {
 				defer c.Close()
+				var rest []byte
+				if *connect {
+					var ok bool
+					if rest, ok = connectHead(c); !ok {
+						return
+					}
+				}
 				u, err := net.Dial("tcp", *to)
 				if err != nil {
 					return
+				}
+				if len(rest) > 0 {
+					u.Write(rest)
 				}
 				defer u.Close()
 				done := make(chan struct{})
@@ -204,16 +216,45 @@ func relay(args []string) error {
 	return nil
 }
 
+// connectHead reads a CONNECT request's head from c and answers 200,
+// in the order cage-egress does (the 200 before the dial, which runs while
+// the client builds its ClientHello); rest is what came after the head (a
+// client sends nothing before the 200, so normally none).
+func connectHead(c net.Conn) (rest []byte, ok bool) {
+	buf := make([]byte, 8<<10)
+	n := 0
+	for {
+		k, err := c.Read(buf[n:])
+		if err != nil {
+			return nil, false
+		}
+		n += k
+		if i := bytes.Index(buf[:n], []byte("\r\n\r\n")); i >= 0 {
+			if !bytes.HasPrefix(buf, []byte("CONNECT ")) {
+				return nil, false
+			}
+			_, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n")
+			return buf[i+4 : n], err == nil
+		}
+		if n == len(buf) {
+			return nil, false
+		}
+	}
+}
+
 type result struct {
-	Mode     string  `json:"mode"`
-	Label    string  `json:"label"`
-	N        int     `json:"n,omitempty"`
-	P50us    float64 `json:"p50_us,omitempty"`
-	P99us    float64 `json:"p99_us,omitempty"`
-	MBps     float64 `json:"mb_per_s,omitempty"`
-	RPS      float64 `json:"req_per_s,omitempty"`
-	Errors   int64   `json:"errors"`
-	Duration float64 `json:"seconds"`
+	Mode  string  `json:"mode"`
+	Label string  `json:"label"`
+	N     int     `json:"n,omitempty"`
+	P50us float64 `json:"p50_us,omitempty"`
+	P99us float64 `json:"p99_us,omitempty"`
+	// -paired: the direct tunnels' figures of the same run.
+	DirectP50us float64 `json:"direct_p50_us,omitempty"`
+	DirectP99us float64 `json:"direct_p99_us,omitempty"`
+	MBps        float64 `json:"mb_per_s,omitempty"`
+	RPS         float64 `json:"req_per_s,omitempty"`
+	Errors      int64   `json:"errors"`
+	Duration    float64 `json:"seconds"`
 	// CPU seconds (user+system) over the measured window (Window
 	// seconds: the bulk body's transfer, the keep-alive run): this client
 	// process, the upstream's and the proxy's (-upstream-pid, -proxy-pid),
@@ -286,6 +327,7 @@ func client(mode string, args []string) error {
 	trace := fs.String("trace", "", "latency: write every request's start (Unix µs) and duration (µs) to this file, one line each, to line slow requests up with a proxy's GC and scheduler traces")
 	upPID := fs.Int("upstream-pid", 0, "the upstream's pid, for its CPU time over the measured window (throughput, rps)")
 	proxyPID := fs.Int("proxy-pid", 0, "the proxy's pid, likewise")
+	paired := fs.String("paired", "", "latency: host:port of the upstream reached directly; every other new tunnel goes there instead of through -proxy, so both sets of tunnels meet the same moments of a shared machine's load (mode \"paired\", -n pairs)")
 	fs.Parse(args)
 	meter := cpuMeter{up: *upPID, proxy: *proxyPID}
 
@@ -307,9 +349,25 @@ func client(mode string, args []string) error {
 		// Every request on a new tunnel: TCP + CONNECT + TLS + GET.
 		tr.DisableKeepAlives = true
 		c := &http.Client{Transport: tr, Timeout: 30 * time.Second}
-		var lat []time.Duration
+		var lat, dlat []time.Duration
 		var starts []time.Time
+		var dc *http.Client
+		if *paired != "" {
+			// The direct side: the same client settings, no proxy.
+			dtr := tr.Clone()
+			dtr.Proxy = nil
+			dc = &http.Client{Transport: dtr, Timeout: 30 * time.Second}
+			res.Mode = "paired"
+		}
 		for range *n {
+			if dc != nil {
+				t0 := time.Now()
+				if err := get(dc, "https://"+*paired+"/small", ""); err != nil {
+					res.Errors++
+				} else {
+					dlat = append(dlat, time.Since(t0))
+				}
+			}
 			t0 := time.Now()
 			if err := get(c, base+"/small", ""); err != nil {
 				res.Errors++
@@ -319,6 +377,9 @@ func client(mode string, args []string) error {
 			starts = append(starts, t0)
 		}
 		res.N = len(lat)
+		if dc != nil {
+			res.DirectP50us, res.DirectP99us = pct(dlat, 50), pct(dlat, 99)
+		}
 		if *trace != "" {
 			if err := writeTrace(*trace, starts, lat); err != nil {
 				return err
