@@ -96,6 +96,11 @@ step "fuzz the gateway's CONNECT parser (25000 inputs)"
 check fuzz "FuzzReadConnectHead (25000x)" go test -run '^$' -fuzz FuzzReadConnectHead -fuzztime 25000x ./internal/egress/
 step "fuzz the intercepted tunnels' upstream client (10000 inputs)"
 check fuzz "FuzzUpstreamResponse (10000x)" go test -run '^$' -fuzz FuzzUpstreamResponse -fuzztime 10000x ./internal/egress/
+step "fuzz the tunnels' ClientHello gate against crypto/tls (30000 inputs)"
+# Differential: every input also runs a crypto/tls handshake, the oracle.
+# -fuzzminimizetime is a count too: the default 60 s per new interesting
+# input stalled a fresh corpus for minutes on 8 KiB ClientHellos.
+check fuzz "FuzzClientHelloPeek (30000x)" go test -run '^$' -fuzz FuzzClientHelloPeek -fuzztime 30000x -fuzzminimizetime 100x ./internal/egress/
 
 step "fuzz the audit record encoder (40000 inputs)"
 check fuzz "FuzzAppendJSON (40000x)" go test -run '^$' -fuzz FuzzAppendJSON -fuzztime 40000x ./internal/auditlog/

@@ -3,7 +3,9 @@ package egress
 import (
 	"bufio"
 	"bytes"
+	"crypto/tls"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"path/filepath"
@@ -60,6 +62,30 @@ func BenchmarkTunnelNew(b *testing.B) {
 		if code, _, _, err := h.do(c, "GET", u, nil, ""); err != nil || code != 200 {
 			b.Fatal(code, err)
 		}
+	}
+}
+
+// BenchmarkPeekClientHello is the tunnel's ClientHello gate on a real
+// ClientHello of Go's client (SNI, default config) through an in-memory
+// connection: "gate" is peekClientHello, "crypto-tls" the throwaway
+// tls.Server handshake it replaced (the differential tests' oracle), as
+// the baseline of the same run.
+func BenchmarkPeekClientHello(b *testing.B) {
+	hello := clientHello(b, &tls.Config{ServerName: "example.com"})
+	for _, bc := range []struct {
+		name string
+		peek func(net.Conn, []byte) (string, []byte, bool)
+	}{{"gate", peekClientHello}, {"crypto-tls", peekClientHelloTLS}} {
+		b.Run(bc.name, func(b *testing.B) {
+			var c memConn
+			b.SetBytes(int64(len(hello)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if sni, raw, ok := bc.peek(c.reset(hello, 0), nil); !ok || sni != "example.com" || len(raw) != len(hello) {
+					b.Fatal(sni, len(raw), ok)
+				}
+			}
+		})
 	}
 }
 
