@@ -25,6 +25,9 @@
 #                                  # GOMAXPROCS=1 in its environment (rows
 #                                  # "cage-egress-gomaxprocs1"), every figure,
 #                                  # interception included, same rounds
+#   ICPT_C=1 ONLY=icpt bench/egress/run.sh  # interception with one client
+#                                  # (an agent's one model request at a time;
+#                                  # the default is 8 clients)
 #   ONLY=icpt bench/egress/run.sh  # interception rows only (direct, cage-
 #                                  # egress, the base build, mitmdump),
 #                                  # ROUNDS interleaved rounds (~1 minute each)
@@ -100,7 +103,7 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 . "$ROOT/bench/egress/common.sh"   # bench_init, background, wait_port, cpu_ticks, egress_prepare, squid_conf
 bench_init egress-bench
 
-N_LAT=${N_LAT:-2000}; BULK=${BULK:-$((512 << 20))}; ROUNDS=${ROUNDS:-3}; KA_SECS=${KA_SECS:-5s}; HOLD=${HOLD:-1000}; ICPT_SECS=${ICPT_SECS:-5s}
+N_LAT=${N_LAT:-2000}; BULK=${BULK:-$((512 << 20))}; ROUNDS=${ROUNDS:-3}; KA_SECS=${KA_SECS:-5s}; HOLD=${HOLD:-1000}; ICPT_SECS=${ICPT_SECS:-5s}; ICPT_C=${ICPT_C:-8}
 if [ -n "${QUICK:-}" ]; then N_LAT=300; BULK=$((128 << 20)); ROUNDS=1; KA_SECS=2s; HOLD=300; ICPT_SECS=2s; fi
 PAIRED_N=${PAIRED_N:-1000}; [ -n "${QUICK:-}" ] && PAIRED_N=${PAIRED_N_Q:-300}
 PAIRED_BULK=${PAIRED_BULK:-$((256 << 20))}; [ -n "${QUICK:-}" ] && PAIRED_BULK=${PAIRED_BULK_Q:-$((64 << 20))}
@@ -245,7 +248,7 @@ if [ -n "${PROFILE:-}" ]; then
       latency) lg latency -label p -proxy 127.0.0.1:$PORT -target "up.bench.test:$UP_PORT" -n "$N_LAT" ;;
       bulk) lg throughput -label p -proxy 127.0.0.1:$PORT -target "up.bench.test:$UP_PORT" -bytes "$BULK" ;;
       keepalive) lg rps -label p -proxy 127.0.0.1:$PORT -target "up.bench.test:$UP_PORT" -c 8 -d "$KA_SECS" ;;
-      icpt) lg rps -label p -proxy 127.0.0.1:$PORT -target "api.bench.test:$UP_PORT" -sni api.bench.test -header "x-api-key:$PH" -c 8 -d "$ICPT_SECS" ;;
+      icpt) lg rps -label p -proxy 127.0.0.1:$PORT -target "api.bench.test:$UP_PORT" -sni api.bench.test -header "x-api-key:$PH" -c "$ICPT_C" -d "$ICPT_SECS" ;;
       *) echo "PROFILE=$PROFILE: want latency, bulk, keepalive or icpt" >&2; exit 2 ;;
     esac
   }
@@ -299,7 +302,7 @@ direct() {
 icpt() {
   local label=$1 c0 c1; shift
   c0=$(cpu_ticks "$PROXY_PID")
-  lg rps -label "$label" -proxy 127.0.0.1:$PORT -sni api.bench.test -c 8 -d "$ICPT_SECS" "$@"
+  lg rps -label "$label" -proxy 127.0.0.1:$PORT -sni api.bench.test -c "$ICPT_C" -d "$ICPT_SECS" "$@"
   c1=$(cpu_ticks "$PROXY_PID")
   echo "{\"mode\":\"cpu\",\"label\":\"$label\",\"tck\":$TCK,\"icpt\":$((c1 - c0))}" >>"$R"
 }
@@ -357,26 +360,26 @@ for rnd in $(seq "$ROUNDS"); do
   done
   [ "${ONLY:-}" = tunnel ] || [ "${ONLY:-}" = rss ] && continue
   # Interception: cage-egress runs every inspector and injects a credential;
-  # mitmdump only re-encrypts. 8 keep-alive clients.
-  lg rps -label "direct|$rnd|icpt" -target "127.0.0.1:$UP_PORT" -c 8 -d "$ICPT_SECS"
+  # mitmdump only re-encrypts. ICPT_C keep-alive clients (8).
+  lg rps -label "direct|$rnd|icpt" -target "127.0.0.1:$UP_PORT" -c "$ICPT_C" -d "$ICPT_SECS"
   PORT=$((PORT + 1)); start_proxy cage-egress-icpt "$PORT"
   icpt "cage-egress (name)|$rnd|icpt" -target "api.bench.test:$UP_PORT" -header "x-api-key:$PH"
   stop_proxy
   if [ -n "${BASE_EGRESS:-}" ]; then
-    lg rps -label "direct|$rnd.b|icpt" -target "127.0.0.1:$UP_PORT" -c 8 -d "$ICPT_SECS"
+    lg rps -label "direct|$rnd.b|icpt" -target "127.0.0.1:$UP_PORT" -c "$ICPT_C" -d "$ICPT_SECS"
     PORT=$((PORT + 1)); start_proxy cage-egress-base-icpt "$PORT"
     icpt "cage-egress-base (name)|$rnd.b|icpt" -target "api.bench.test:$UP_PORT" -header "x-api-key:$PH"
     stop_proxy
   fi
   if [ -n "${GOMAXPROCS1:-}" ]; then
-    lg rps -label "direct|$rnd.p|icpt" -target "127.0.0.1:$UP_PORT" -c 8 -d "$ICPT_SECS"
+    lg rps -label "direct|$rnd.p|icpt" -target "127.0.0.1:$UP_PORT" -c "$ICPT_C" -d "$ICPT_SECS"
     PORT=$((PORT + 1)); start_proxy cage-egress-gomaxprocs1-icpt "$PORT"
     icpt "cage-egress-gomaxprocs1 (name)|$rnd.p|icpt" -target "api.bench.test:$UP_PORT" -header "x-api-key:$PH"
     stop_proxy
   fi
   if [ -n "$MITM" ]; then
     PORT=$((PORT + 1)); start_proxy mitmdump "$PORT"
-    lg rps -label "direct|$rnd.m|icpt" -target "127.0.0.1:$UP_PORT" -c 8 -d "$ICPT_SECS"
+    lg rps -label "direct|$rnd.m|icpt" -target "127.0.0.1:$UP_PORT" -c "$ICPT_C" -d "$ICPT_SECS"
     icpt "mitmdump (ip)|$rnd.m|icpt" -target "127.0.0.1:$UP_PORT"
     stop_proxy
   fi
@@ -390,6 +393,7 @@ import json, sys, statistics as st
 rs = [json.loads(l) for l in open(sys.argv[1])]
 injected, opens, n_lat, bulk, ka, hold = sys.argv[2:8]
 ncpu = int(sys.argv[8])
+icpt_c = sys.argv[9]
 bulk_p, ka_p = sys.argv[9:11]
 loads = [r["loadavg"] for r in rs if r["mode"] == "load"]
 def rows(mode, icpt=False):
@@ -425,7 +429,7 @@ if not lat and rss:
 if not lat:
     # ONLY=icpt: the interception rows alone.
     cpu_ic = rows("cpu", True)
-    print(f"\nIntercepted requests, {len(loads)} interleaved round(s), 8 keep-alive clients; ratios to a direct run just before each (median over rounds)")
+    print(f"\nIntercepted requests, {len(loads)} interleaved round(s), {icpt_c} keep-alive clients; ratios to a direct run just before each (median over rounds)")
     print(f"load average at the start of each round: {'; '.join(loads)}\n")
     print("| proxy | intercepted req/s | × direct | per round | CPU per request | per round |")
     print("|---|---|---|---|---|---|")
@@ -441,7 +445,7 @@ if not lat:
     sys.exit(0)
 print(f"\nEgress tunnel path, {len(loads)} interleaved round(s), every proxy fresh per round; each ratio to a direct run just before it (median over rounds)")
 print(f"load average at the start of each round: {'; '.join(loads)}; at the end: {'; '.join(r['loadavg'] for r in rs if r['mode'] == 'load_end')}")
-print(f"{n_lat} new-tunnel GETs, one {int(bulk)>>20} MiB GET, 8 keep-alive tunnels for {ka}" + ("" if not rss else f", {hold} idle tunnels") + (", interception with 8 clients" if ic else "") + "\n")
+print(f"{n_lat} new-tunnel GETs, one {int(bulk)>>20} MiB GET, 8 keep-alive tunnels for {ka}" + ("" if not rss else f", {hold} idle tunnels") + (f", interception with {icpt_c} clients" if ic else "") + "\n")
 print("| proxy | new tunnel p50 | p99 | bulk | keep-alive req/s | RSS idle / %s tunnels | intercepted req/s |" % hold)
 print("|---|---|---|---|---|---|---|")
 d = lat["direct"]
