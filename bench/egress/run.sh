@@ -388,12 +388,12 @@ echo "{\"mode\":\"load_end\",\"loadavg\":\"$(cut -d' ' -f1-3 /proc/loadavg)\"}" 
 injected=$(grep -c '"secrets_injected":\["anthropic"\]' "$W/audit.jsonl" || true)
 opens=$(grep -c '"event":"open"' "$W/audit.jsonl" || true)
 
-python3 - "$R" "$injected" "$opens" "$N_LAT" "$BULK" "$KA_SECS" "$HOLD" "$(nproc)" "$PAIRED_BULK" "$PAIRED_KA" <<'PY'
+python3 - "$R" "$injected" "$opens" "$N_LAT" "$BULK" "$KA_SECS" "$HOLD" "$(nproc)" "$PAIRED_BULK" "$PAIRED_KA" "$ICPT_C" <<'PY'
 import json, sys, statistics as st
 rs = [json.loads(l) for l in open(sys.argv[1])]
 injected, opens, n_lat, bulk, ka, hold = sys.argv[2:8]
 ncpu = int(sys.argv[8])
-icpt_c = sys.argv[9]
+icpt_c = sys.argv[11]
 bulk_p, ka_p = sys.argv[9:11]
 loads = [r["loadavg"] for r in rs if r["mode"] == "load"]
 def rows(mode, icpt=False):
