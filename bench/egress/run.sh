@@ -305,6 +305,9 @@ icpt() {
   lg rps -label "$label" -proxy 127.0.0.1:$PORT -sni api.bench.test -c "$ICPT_C" -d "$ICPT_SECS" "$@"
   c1=$(cpu_ticks "$PROXY_PID")
   echo "{\"mode\":\"cpu\",\"label\":\"$label\",\"tck\":$TCK,\"icpt\":$((c1 - c0))}" >>"$R"
+  # Paired as the keep-alive figure is: time slices alternating between
+  # the direct upstream and the intercepted path (PAIRED_KA=0 skips it).
+  [ "$PAIRED_KA" = 0 ] || lg rps -label "$label" -proxy 127.0.0.1:$PORT -sni api.bench.test -c "$ICPT_C" -d "$ICPT_SECS" "$@" -paired "127.0.0.1:$UP_PORT"
 }
 for rnd in $(seq "$ROUNDS"); do
   echo "== round $rnd/$ROUNDS (load: $(cut -d' ' -f1-3 /proc/loadavg))" >&2
@@ -431,16 +434,18 @@ if not lat:
     cpu_ic = rows("cpu", True)
     print(f"\nIntercepted requests, {len(loads)} interleaved round(s), {icpt_c} keep-alive clients; ratios to a direct run just before each (median over rounds)")
     print(f"load average at the start of each round: {'; '.join(loads)}\n")
-    print("| proxy | intercepted req/s | × direct | per round | CPU per request | per round |")
-    print("|---|---|---|---|---|---|")
-    print(f"| direct | {med(ic,'direct','req_per_s'):.0f} | – | – | – | – |")
+    pic = rows("paired-rps", True)
+    print("| proxy | intercepted req/s | × direct | per round | paired × direct | per round | CPU per request | per round |")
+    print("|---|---|---|---|---|---|---|---|")
+    print(f"| direct | {med(ic,'direct','req_per_s'):.0f} | – | – | – | – | – | – |")
     d = ic["direct"]
     for name in ic:
         if name == "direct": continue
         v = [c["icpt"] / c["tck"] / ic[name][k]["n"] for k, c in cpu_ic.get(name, {}).items() if k in ic[name] and ic[name][k]["n"]]
         rr = [ic[name][k]["req_per_s"] / d[k]["req_per_s"] for k in ic[name] if k in d and d[k]["req_per_s"]]
+        pr = [r["req_per_s"] / r["direct_req_per_s"] for r in pic.get(name, {}).values() if r.get("direct_req_per_s")]
         errs = sum(r["errors"] for r in ic[name].values())
-        print(f"| {name} | {med(ic,name,'req_per_s'):.0f} | {f(ratio(ic,name,'req_per_s'))} | {' '.join(f'{x:.2f}' for x in rr)} | {st.median(v)*1e6:.0f} µs | {' '.join(f'{x*1e6:.0f}' for x in v)} |" + (f" ({errs} errors)" if errs else ""))
+        print(f"| {name} | {med(ic,name,'req_per_s'):.0f} | {f(ratio(ic,name,'req_per_s'))} | {' '.join(f'{x:.2f}' for x in rr)} | {f(st.median(pr) if pr else None)} | {' '.join(f'{x:.2f}' for x in pr) or '–'} | {st.median(v)*1e6:.0f} µs | {' '.join(f'{x*1e6:.0f}' for x in v)} |" + (f" ({errs} errors)" if errs else ""))
     print(f"cage-egress audit: {injected} requests with an injected credential")
     sys.exit(0)
 print(f"\nEgress tunnel path, {len(loads)} interleaved round(s), every proxy fresh per round; each ratio to a direct run just before it (median over rounds)")
@@ -461,24 +466,26 @@ for name in lat:
 # The paired runs: each alternates direct and proxied work in one run (new
 # tunnels one by one, bulk chunks, keep-alive time slices), so each ratio
 # compares two sides that met the same moments of the machine's load.
-pl, ptp, pka = rows("paired"), rows("paired-throughput"), rows("paired-rps")
+pl, ptp, pka, pic = rows("paired"), rows("paired-throughput"), rows("paired-rps"), rows("paired-rps", True)
 # (table, proxied key, direct key, the first table's table and key) per column
 paired = [(pl, "p50_us", "direct_p50_us", lat, "p50_us"), (pl, "p99_us", "direct_p99_us", lat, "p99_us"),
-          (ptp, "mb_per_s", "direct_mb_per_s", tp, "mb_per_s"), (pka, "req_per_s", "direct_req_per_s", ka_r, "req_per_s")]
+          (ptp, "mb_per_s", "direct_mb_per_s", tp, "mb_per_s"), (pka, "req_per_s", "direct_req_per_s", ka_r, "req_per_s"),
+          (pic, "req_per_s", "direct_req_per_s", ic, "req_per_s")]
 def pratios(table, name, key, dkey):
     return [r[key] / r[dkey] for r in table.get(name, {}).values() if r.get(dkey)]
-pnames = list(dict.fromkeys(n for t in (pl, ptp, pka) for n in t))
+pnames = list(dict.fromkeys(n for t in (pl, ptp, pka, pic) for n in t))
 if pnames:
     what = []
     if pl: what.append(f"new tunnels one by one, every other one direct ({next(iter(next(iter(pl.values())).values()))['n']} pairs)")
     if ptp: what.append(f"{int(bulk_p) >> 20} MiB downloaded on each side in chunks alternating between a direct and a proxied keep-alive connection")
     if pka: what.append(f"8 keep-alive clients for {ka_p} on each side in time slices alternating direct and proxied")
+    if pic: what.append(f"{icpt_c} intercepted keep-alive clients likewise")
     print(f"\nPaired in one run, each ratio the proxied side's figure over the direct side's of the same run (median over rounds, then every round's): {'; '.join(what)}:\n")
-    print("| proxy | new tunnel p50 | p99 | bulk | keep-alive req/s | p50 per round | p99 per round | bulk per round | keep-alive per round |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| proxy | new tunnel p50 | p99 | bulk | keep-alive req/s | intercepted req/s | p50 per round | p99 per round | bulk per round | keep-alive per round | intercepted per round |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name in pnames:
         rr = [pratios(t, name, k, dk) for t, k, dk, _, _ in paired]
-        errs = sum(r["errors"] for t in (pl, ptp, pka) for r in t.get(name, {}).values())
+        errs = sum(r["errors"] for t in (pl, ptp, pka, pic) for r in t.get(name, {}).values())
         print(f"| {name} | " + " | ".join(f(st.median(v) if v else None) for v in rr) + " | " + " | ".join(" ".join(f"{x:.2f}" for x in v) or "–" for v in rr) + " |" + (f" ({errs} errors)" if errs else ""))
     # How far apart the rounds' ratios are, paired and unpaired (the
     # first table's ratios to a direct run just before): the load noise
@@ -486,8 +493,8 @@ if pnames:
     if len(loads) > 1:
         def spread(v): return "–" if len(v) < 2 else f"{max(v) - min(v):.2f}"
         print("\nSpread of the rounds' ratios (max - min), paired / unpaired (the first table's):\n")
-        print("| proxy | new tunnel p50 | p99 | bulk | keep-alive req/s |")
-        print("|---|---|---|---|---|")
+        print("| proxy | new tunnel p50 | p99 | bulk | keep-alive req/s | intercepted req/s |")
+        print("|---|---|---|---|---|---|")
         for name in pnames:
             cells = [f"{spread(pratios(t, name, k, dk))} / {spread(ratios(ut, name, uk))}" for t, k, dk, ut, uk in paired]
             print(f"| {name} | " + " | ".join(cells) + " |")
