@@ -44,6 +44,19 @@
 #                                  # the same run (the "paired" table; its
 #                                  # ratios do not depend on the load moving
 #                                  # between two runs); PAIRED_N=0 skips them
+#   PAIRED_BULK=268435456          # the default (QUICK: 64 MiB): then
+#                                  # PAIRED_BULK bytes on each side in 32 MiB
+#                                  # GETs, alternately on one direct keep-alive
+#                                  # connection and on one through the row's
+#                                  # proxy (both opened before the clock);
+#                                  # PAIRED_BULK=0 skips it
+#   PAIRED_KA=3s                   # the default (QUICK: 1s): then 8 keep-
+#                                  # alive clients in 250 ms slices,
+#                                  # alternately direct and through the proxy,
+#                                  # PAIRED_KA of each side; PAIRED_KA=0 skips
+#                                  # it. The paired table shows all three
+#                                  # paired figures; every direct side is the
+#                                  # upstream itself, the floor rows' too
 #
 # Destinations: the "name" round gives every proxy up.bench.test, resolved
 # through the same loopback resolver (cage-egress --resolver, squid
@@ -90,6 +103,10 @@ bench_init egress-bench
 N_LAT=${N_LAT:-2000}; BULK=${BULK:-$((512 << 20))}; ROUNDS=${ROUNDS:-3}; KA_SECS=${KA_SECS:-5s}; HOLD=${HOLD:-1000}; ICPT_SECS=${ICPT_SECS:-5s}
 if [ -n "${QUICK:-}" ]; then N_LAT=300; BULK=$((128 << 20)); ROUNDS=1; KA_SECS=2s; HOLD=300; ICPT_SECS=2s; fi
 PAIRED_N=${PAIRED_N:-1000}; [ -n "${QUICK:-}" ] && PAIRED_N=${PAIRED_N_Q:-300}
+PAIRED_BULK=${PAIRED_BULK:-$((256 << 20))}; [ -n "${QUICK:-}" ] && PAIRED_BULK=${PAIRED_BULK_Q:-$((64 << 20))}
+PAIRED_KA=${PAIRED_KA:-3s}; [ -n "${QUICK:-}" ] && PAIRED_KA=${PAIRED_KA_Q:-1s}
+# Plain seconds are seconds (loadgen -d wants a unit).
+[[ $PAIRED_KA =~ ^[0-9.]+$ ]] && [ "$PAIRED_KA" != 0 ] && PAIRED_KA=${PAIRED_KA}s
 if [ "${ONLY:-}" = tunnel ]; then N_LAT=${N_LAT_T:-1000}; BULK=${BULK_T:-$((256 << 20))}; KA_SECS=${KA_SECS_T:-3s}; fi
 PORT=${PORT:-23140}
 # squid takes nameservers without a port: the bench resolver listens on
@@ -139,6 +156,11 @@ measure() {
   # halves meet the same moments of the machine's load (the table after
   # the first; PAIRED_N=0 skips it).
   [ "$PAIRED_N" = 0 ] || lg latency -label "$label" "$@" -n "$PAIRED_N" -paired "127.0.0.1:$UP_PORT"
+  # The same for bulk (chunks alternating on a direct and a proxied
+  # keep-alive connection) and keep-alive requests (time slices
+  # alternating between a direct and a proxied pool).
+  [ "$PAIRED_BULK" = 0 ] || lg throughput -label "$label" "$@" -bytes "$PAIRED_BULK" -paired "127.0.0.1:$UP_PORT"
+  [ "$PAIRED_KA" = 0 ] || lg rps -label "$label" "$@" -c 8 -d "$PAIRED_KA" -paired "127.0.0.1:$UP_PORT"
 }
 
 background UP "$W/loadgen" upstream -dir "$W/upca"
@@ -363,11 +385,12 @@ echo "{\"mode\":\"load_end\",\"loadavg\":\"$(cut -d' ' -f1-3 /proc/loadavg)\"}" 
 injected=$(grep -c '"secrets_injected":\["anthropic"\]' "$W/audit.jsonl" || true)
 opens=$(grep -c '"event":"open"' "$W/audit.jsonl" || true)
 
-python3 - "$R" "$injected" "$opens" "$N_LAT" "$BULK" "$KA_SECS" "$HOLD" "$(nproc)" <<'PY'
+python3 - "$R" "$injected" "$opens" "$N_LAT" "$BULK" "$KA_SECS" "$HOLD" "$(nproc)" "$PAIRED_BULK" "$PAIRED_KA" <<'PY'
 import json, sys, statistics as st
 rs = [json.loads(l) for l in open(sys.argv[1])]
 injected, opens, n_lat, bulk, ka, hold = sys.argv[2:8]
 ncpu = int(sys.argv[8])
+bulk_p, ka_p = sys.argv[9:11]
 loads = [r["loadavg"] for r in rs if r["mode"] == "load"]
 def rows(mode, icpt=False):
     out = {}
@@ -378,9 +401,12 @@ def rows(mode, icpt=False):
         out.setdefault(parts[0], {})[parts[1]] = r
     return out
 lat, tp, ka_r, rss, ic = rows("latency"), rows("throughput"), rows("rps"), rows("rss"), rows("rps", True)
+def ratios(table, name, key):
+    # Every round's ratio of name's figure to the direct run just before it.
+    d = table.get("direct", {})
+    return [table[name][k][key] / d[k][key] for k in table.get(name, {}) if k in d and d[k][key]]
 def ratio(table, name, key):
-    d = table["direct"]
-    v = [table[name][k][key] / d[k][key] for k in table.get(name, {}) if k in d and d[k][key]]
+    v = ratios(table, name, key)
     return st.median(v) if v else None
 def med(table, name, key):
     v = [r[key] for r in table.get(name, {}).values()]
@@ -428,18 +454,39 @@ for name in lat:
     icr = ratio(ic, name, "req_per_s") if name in ic else None
     errs = sum(r["errors"] for t in (lat, tp, ka_r) for r in t.get(name, {}).values())
     print(f"| {name} | {f(ratio(lat,name,'p50_us'))} | {f(ratio(lat,name,'p99_us'))} | {f(ratio(tp,name,'mb_per_s'))} | {f(ratio(ka_r,name,'req_per_s'))} | {mem} | {f(icr)} |" + (f" ({errs} errors)" if errs else ""))
-# Paired new tunnels: each run alternates direct and proxied tunnels, so
-# its ratio compares tunnels made microseconds apart.
-pl = rows("paired")
-if pl:
-    print(f"\nNew tunnels paired in one run: every other tunnel direct ({next(iter(next(iter(pl.values())).values()))['n']} pairs per run); ratio of the proxied tunnels' p50 and p99 to the direct ones' of the same run (median over rounds):\n")
-    print("| proxy | new tunnel p50 | p99 | p50 per round | p99 per round |")
-    print("|---|---|---|---|---|")
-    for name, slots in pl.items():
-        r50 = [r["p50_us"] / r["direct_p50_us"] for r in slots.values() if r.get("direct_p50_us")]
-        r99 = [r["p99_us"] / r["direct_p99_us"] for r in slots.values() if r.get("direct_p99_us")]
-        errs = sum(r["errors"] for r in slots.values())
-        print(f"| {name} | {f(st.median(r50) if r50 else None)} | {f(st.median(r99) if r99 else None)} | {' '.join(f'{x:.2f}' for x in r50)} | {' '.join(f'{x:.2f}' for x in r99)} |" + (f" ({errs} errors)" if errs else ""))
+# The paired runs: each alternates direct and proxied work in one run (new
+# tunnels one by one, bulk chunks, keep-alive time slices), so each ratio
+# compares two sides that met the same moments of the machine's load.
+pl, ptp, pka = rows("paired"), rows("paired-throughput"), rows("paired-rps")
+# (table, proxied key, direct key, the first table's table and key) per column
+paired = [(pl, "p50_us", "direct_p50_us", lat, "p50_us"), (pl, "p99_us", "direct_p99_us", lat, "p99_us"),
+          (ptp, "mb_per_s", "direct_mb_per_s", tp, "mb_per_s"), (pka, "req_per_s", "direct_req_per_s", ka_r, "req_per_s")]
+def pratios(table, name, key, dkey):
+    return [r[key] / r[dkey] for r in table.get(name, {}).values() if r.get(dkey)]
+pnames = list(dict.fromkeys(n for t in (pl, ptp, pka) for n in t))
+if pnames:
+    what = []
+    if pl: what.append(f"new tunnels one by one, every other one direct ({next(iter(next(iter(pl.values())).values()))['n']} pairs)")
+    if ptp: what.append(f"{int(bulk_p) >> 20} MiB downloaded on each side in chunks alternating between a direct and a proxied keep-alive connection")
+    if pka: what.append(f"8 keep-alive clients for {ka_p} on each side in time slices alternating direct and proxied")
+    print(f"\nPaired in one run, each ratio the proxied side's figure over the direct side's of the same run (median over rounds, then every round's): {'; '.join(what)}:\n")
+    print("| proxy | new tunnel p50 | p99 | bulk | keep-alive req/s | p50 per round | p99 per round | bulk per round | keep-alive per round |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name in pnames:
+        rr = [pratios(t, name, k, dk) for t, k, dk, _, _ in paired]
+        errs = sum(r["errors"] for t in (pl, ptp, pka) for r in t.get(name, {}).values())
+        print(f"| {name} | " + " | ".join(f(st.median(v) if v else None) for v in rr) + " | " + " | ".join(" ".join(f"{x:.2f}" for x in v) or "–" for v in rr) + " |" + (f" ({errs} errors)" if errs else ""))
+    # How far apart the rounds' ratios are, paired and unpaired (the
+    # first table's ratios to a direct run just before): the load noise
+    # the pairing takes out.
+    if len(loads) > 1:
+        def spread(v): return "–" if len(v) < 2 else f"{max(v) - min(v):.2f}"
+        print("\nSpread of the rounds' ratios (max - min), paired / unpaired (the first table's):\n")
+        print("| proxy | new tunnel p50 | p99 | bulk | keep-alive req/s |")
+        print("|---|---|---|---|---|")
+        for name in pnames:
+            cells = [f"{spread(pratios(t, name, k, dk))} / {spread(ratios(ut, name, uk))}" for t, k, dk, ut, uk in paired]
+            print(f"| {name} | " + " | ".join(cells) + " |")
 # CPU of the proxy process per operation: ticks over a workload divided by
 # what it served (tunnels, requests, GiB), median over rounds.
 cpu, cpu_ic = rows("cpu"), rows("cpu", True)

@@ -15,6 +15,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"os"
 	"os/signal"
@@ -253,8 +254,11 @@ type result struct {
 	DirectP99us float64 `json:"direct_p99_us,omitempty"`
 	MBps        float64 `json:"mb_per_s,omitempty"`
 	RPS         float64 `json:"req_per_s,omitempty"`
-	Errors      int64   `json:"errors"`
-	Duration    float64 `json:"seconds"`
+	// -paired throughput and rps: the direct side's figure of the same run.
+	DirectMBps float64 `json:"direct_mb_per_s,omitempty"`
+	DirectRPS  float64 `json:"direct_req_per_s,omitempty"`
+	Errors     int64   `json:"errors"`
+	Duration   float64 `json:"seconds"`
 	// CPU seconds (user+system) over the measured window (Window
 	// seconds: the bulk body's transfer, the keep-alive run): this client
 	// process, the upstream's and the proxy's (-upstream-pid, -proxy-pid),
@@ -327,8 +331,16 @@ func client(mode string, args []string) error {
 	trace := fs.String("trace", "", "latency: write every request's start (Unix µs) and duration (µs) to this file, one line each, to line slow requests up with a proxy's GC and scheduler traces")
 	upPID := fs.Int("upstream-pid", 0, "the upstream's pid, for its CPU time over the measured window (throughput, rps)")
 	proxyPID := fs.Int("proxy-pid", 0, "the proxy's pid, likewise")
-	paired := fs.String("paired", "", "latency: host:port of the upstream reached directly; every other new tunnel goes there instead of through -proxy, so both sets of tunnels meet the same moments of a shared machine's load (mode \"paired\", -n pairs)")
+	paired := fs.String("paired", "", "host:port of the upstream reached directly, measured in the same run as the -proxy/-target client so both meet the same moments of a shared machine's load. latency: every other new tunnel goes there (mode \"paired\", -n pairs); throughput: -bytes on each side in -chunk pieces, alternately direct and proxied (mode \"paired-throughput\"); rps: -c clients in -slice time slices, alternately direct and proxied, -d on each side (mode \"paired-rps\"). No CPU window figures in the paired throughput and rps modes: their window would hold both sides")
+	chunk := fs.Int64("chunk", 32<<20, "throughput -paired: bytes per GET; the sides alternate per chunk")
+	slice := fs.Duration("slice", 250*time.Millisecond, "rps -paired: length of one side's time slice; the sides alternate per slice")
 	fs.Parse(args)
+	if *paired != "" && mode == "hold" {
+		return fmt.Errorf("-paired: latency, throughput and rps only, not %s", mode)
+	}
+	if *chunk <= 0 || *slice <= 0 {
+		return fmt.Errorf("-chunk %d, -slice %v: both must be positive", *chunk, *slice)
+	}
 	meter := cpuMeter{up: *upPID, proxy: *proxyPID}
 
 	tr := &http.Transport{
@@ -387,6 +399,13 @@ func client(mode string, args []string) error {
 		}
 		res.P50us, res.P99us = pct(lat, 50), pct(lat, 99)
 	case "throughput":
+		if *paired != "" {
+			res.Mode = "paired-throughput"
+			if err := pairedThroughput(tr, base, "https://"+*paired, *bytes, *chunk, &res); err != nil {
+				return err
+			}
+			break
+		}
 		c := &http.Client{Transport: tr}
 		resp, err := c.Get(base + "/bulk?n=" + strconv.FormatInt(*bytes, 10))
 		if err != nil {
@@ -401,6 +420,13 @@ func client(mode string, args []string) error {
 		meter.fill(&res, s0)
 		res.MBps = float64(got) / (1 << 20) / res.Window
 	case "rps":
+		if *paired != "" {
+			res.Mode = "paired-rps"
+			if err := pairedRPS(tr, base, "https://"+*paired, *header, *conc, *dur, *slice, &res); err != nil {
+				return err
+			}
+			break
+		}
 		c := &http.Client{Transport: tr, Timeout: 30 * time.Second}
 		s0 := meter.sample()
 		var count, errs atomic.Int64
@@ -459,6 +485,169 @@ func client(mode string, args []string) error {
 	}
 	res.Duration = time.Since(start).Seconds()
 	return json.NewEncoder(os.Stdout).Encode(res)
+}
+
+// pairedSide is one half of a paired run: a client (direct, or the
+// -proxy/-target one), the base URL it asks, and what it measured.
+type pairedSide struct {
+	c    *http.Client
+	base string
+	n    int64         // bytes (throughput) or requests (rps)
+	errs int64         // failed requests (rps)
+	took time.Duration // summed over this side's chunks or slices only
+	lat  []time.Duration
+}
+
+// pairedSides: [0] the direct client (tr's settings without the proxy) on
+// direct, [1] the client on tr itself on proxied, each with timeout.
+func pairedSides(tr *http.Transport, proxied, direct string, timeout time.Duration) [2]pairedSide {
+	dtr := tr.Clone()
+	dtr.Proxy = nil
+	return [2]pairedSide{
+		{c: &http.Client{Transport: dtr, Timeout: timeout}, base: direct},
+		{c: &http.Client{Transport: tr, Timeout: timeout}, base: proxied},
+	}
+}
+
+// pairedThroughput downloads n bytes on each side in chunks of chunk bytes,
+// a direct chunk then a proxied one, never both at once, so a load change
+// on the machine meets both within one chunk's time; each side's MiB/s is
+// its bytes over its own chunks' time. Each side's one keep-alive
+// connection (for the proxied side: its tunnel) is opened by a /small GET
+// before the clock starts, and every chunk must reuse it, so no TCP,
+// CONNECT or TLS setup is in the figure.
+func pairedThroughput(tr *http.Transport, proxied, direct string, n, chunk int64, res *result) error {
+	// No timeout, as the unpaired bulk GET: a slow proxy's chunk may take long.
+	sides := pairedSides(tr, proxied, direct, 0)
+	for i := range sides {
+		if err := get(sides[i].c, sides[i].base+"/small", ""); err != nil {
+			return fmt.Errorf("paired throughput: opening %s: %w", sides[i].base, err)
+		}
+	}
+	for left := n; left > 0; {
+		k := min(chunk, left)
+		for i := range sides {
+			s := &sides[i]
+			t0 := time.Now()
+			if err := bulkChunk(s.c, s.base, k); err != nil {
+				return fmt.Errorf("paired throughput: chunk of %d bytes from %s: %w", k, s.base, err)
+			}
+			s.took += time.Since(t0)
+			s.n += k
+		}
+		left -= k
+	}
+	mbps := func(s pairedSide) float64 { return float64(s.n) / (1 << 20) / s.took.Seconds() }
+	res.MBps, res.DirectMBps = mbps(sides[1]), mbps(sides[0])
+	return nil
+}
+
+// bulkChunk GETs /bulk?n=k on c's open keep-alive connection and reads
+// the body; an error if the body is short or the connection was a new one.
+func bulkChunk(c *http.Client, base string, k int64) error {
+	reused := false
+	req, _ := http.NewRequest("GET", base+"/bulk?n="+strconv.FormatInt(k, 10), nil)
+	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+		GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused },
+	}))
+	resp, err := c.Do(req)
+	if err != nil {
+		return err
+	}
+	got, err := io.CopyBuffer(io.Discard, resp.Body, make([]byte, 256<<10))
+	resp.Body.Close()
+	switch {
+	case err != nil || got != k:
+		return fmt.Errorf("got %d bytes: %v", got, err)
+	case !reused:
+		return fmt.Errorf("the keep-alive connection was not reused, so its setup would be in the time")
+	}
+	return nil
+}
+
+// pairedRPS runs conc keep-alive clients in time slices of slice, a direct
+// slice then a proxied one, for per of each side. A slice ends when its
+// last in-flight request does, so the two sides never overlap; each
+// side's req/s is its requests over its own slices' time. Both pools hold
+// conc open connections (tunnels) before the first slice.
+func pairedRPS(tr *http.Transport, proxied, direct, header string, conc int, per, slice time.Duration, res *result) error {
+	sides := pairedSides(tr, proxied, direct, 30*time.Second)
+	for i := range sides {
+		if err := warmPool(sides[i].c, sides[i].base+"/small", conc); err != nil {
+			return fmt.Errorf("paired rps: opening %d connections to %s: %w", conc, sides[i].base, err)
+		}
+	}
+	for done := time.Duration(0); done < per; done += slice {
+		for i := range sides {
+			runSlice(&sides[i], header, conc, min(slice, per-done))
+		}
+	}
+	p, d := sides[1], sides[0]
+	res.N = int(p.n)
+	res.Errors = p.errs + d.errs
+	res.RPS, res.DirectRPS = float64(p.n)/p.took.Seconds(), float64(d.n)/d.took.Seconds()
+	res.P50us, res.P99us = pct(p.lat, 50), pct(p.lat, 99)
+	res.DirectP50us, res.DirectP99us = pct(d.lat, 50), pct(d.lat, 99)
+	return nil
+}
+
+// warmPool leaves n open keep-alive connections in c's pool: n GETs at
+// once, each holding its response (so its connection) until all n have
+// one, so each needed a connection of its own.
+func warmPool(c *http.Client, u string, n int) error {
+	var ready, wg sync.WaitGroup
+	ready.Add(n)
+	errs := make(chan error, n)
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := c.Get(u)
+			ready.Done()
+			if err != nil {
+				errs <- err
+				return
+			}
+			ready.Wait()
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+// runSlice has conc clients GET /small on s until d has passed, waits for
+// the last to finish, and adds the requests and the time to s.
+func runSlice(s *pairedSide, header string, conc int, d time.Duration) {
+	t0 := time.Now()
+	end := t0.Add(d)
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var mine []time.Duration
+			var errs int64
+			for time.Now().Before(end) {
+				r0 := time.Now()
+				if err := get(s.c, s.base+"/small", header); err != nil {
+					errs++
+					continue
+				}
+				mine = append(mine, time.Since(r0))
+			}
+			mu.Lock()
+			s.lat = append(s.lat, mine...)
+			s.n += int64(len(mine))
+			s.errs += errs
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	s.took += time.Since(t0)
 }
 
 func get(c *http.Client, u, header string) error {
