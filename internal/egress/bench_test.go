@@ -75,7 +75,7 @@ func BenchmarkPeekClientHello(b *testing.B) {
 	for _, bc := range []struct {
 		name string
 		peek func(net.Conn, []byte) (string, []byte, bool)
-	}{{"gate", peekClientHello}, {"crypto-tls", peekClientHelloTLS}} {
+	}{{"gate", peekSNI}, {"crypto-tls", peekClientHelloTLS}} {
 		b.Run(bc.name, func(b *testing.B) {
 			var c memConn
 			b.SetBytes(int64(len(hello)))

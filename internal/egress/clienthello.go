@@ -89,11 +89,21 @@ func (r *helloReader) next(n, reserve int) ([]byte, bool) {
 	return b, true
 }
 
-// readClientHello reads the ClientHello from pre and conn and returns its
-// first host_name (crypto/tls's ClientHelloInfo.ServerName), everything
-// taken (all of pre, then what was read from conn), and whether crypto/tls
-// would have reached GetConfigForClient. The caller sets the read deadline.
-func readClientHello(conn io.Reader, pre []byte) (sni string, raw []byte, ok bool) {
+// peekedHello is what the gate keeps of a ClientHello.
+type peekedHello struct {
+	sni string // the first host_name, crypto/tls's ClientHelloInfo.ServerName
+	// ech: the ClientHello carries an outer encrypted_client_hello. A
+	// server holding the ECH key acts on the encrypted inner ClientHello
+	// and its server name, which no reader without the key can see (a
+	// greasing client's looks the same, by design).
+	ech bool
+}
+
+// readClientHello reads the ClientHello from pre and conn and returns what
+// the gate keeps of it, everything taken (all of pre, then what was read
+// from conn), and whether crypto/tls would have reached GetConfigForClient.
+// The caller sets the read deadline.
+func readClientHello(conn io.Reader, pre []byte) (hello peekedHello, raw []byte, ok bool) {
 	// The first header sizes raw: a ClientHello in one record (every real
 	// client's) then costs one allocation; bytes that are no handshake
 	// record get no room they will not use.
@@ -102,7 +112,7 @@ func readClientHello(conn io.Reader, pre []byte) (sni string, raw []byte, ok boo
 	if k < recordHeaderLen {
 		got, err := io.ReadFull(conn, first[k:])
 		if err != nil {
-			return "", append(slices.Clip(pre), first[k:k+got]...), false
+			return hello, append(slices.Clip(pre), first[k:k+got]...), false
 		}
 	}
 	n := int(first[3])<<8 | int(first[4])
@@ -115,13 +125,13 @@ func readClientHello(conn io.Reader, pre []byte) (sni string, raw []byte, ok boo
 
 	msg, ok := r.handshakeMessage()
 	if !ok {
-		return "", r.raw, false
+		return hello, r.raw, false
 	}
-	sni, ok = parseClientHello(msg)
+	hello, ok = parseClientHello(msg)
 	if !ok {
-		return "", r.raw, false
+		return peekedHello{}, r.raw, false
 	}
-	return sni, r.raw, true
+	return hello, r.raw, true
 }
 
 // handshakeMessage reassembles the first handshake message from one or
@@ -191,10 +201,12 @@ func (r *helloReader) handshakeMessage() ([]byte, bool) {
 // parseClientHello mirrors clientHelloMsg.unmarshal (every check that can
 // fail it, including those of extensions whose values the gate ignores),
 // the message type check of readClientHello and the ECH extension parse
-// of processECHClientHello. It returns the first host_name.
-func parseClientHello(msg []byte) (sni string, ok bool) {
+// of processECHClientHello. It returns the first host_name and whether an
+// outer ECH extension is present.
+func parseClientHello(msg []byte) (hello peekedHello, ok bool) {
+	fail := peekedHello{}
 	if msg[0] != typeClientHello {
-		return "", false
+		return fail, false
 	}
 	s := cryptobyte.String(msg[4:])
 	var vers uint16
@@ -203,14 +215,14 @@ func parseClientHello(msg []byte) (sni string, ok bool) {
 		!s.ReadUint8LengthPrefixed(&sessionID) ||
 		!s.ReadUint16LengthPrefixed(&suites) || len(suites)%2 != 0 ||
 		!s.ReadUint8LengthPrefixed(&compression) {
-		return "", false
+		return fail, false
 	}
 	if s.Empty() {
-		return "", true // no extensions
+		return hello, true // no extensions
 	}
 	var exts cryptobyte.String
 	if !s.ReadUint16LengthPrefixed(&exts) || !s.Empty() {
-		return "", false
+		return fail, false
 	}
 	var seenBuf [helloExts]uint16
 	seen := seenBuf[:0]
@@ -219,23 +231,24 @@ func parseClientHello(msg []byte) (sni string, ok bool) {
 		var ext uint16
 		var data cryptobyte.String
 		if !exts.ReadUint16(&ext) || !exts.ReadUint16LengthPrefixed(&data) {
-			return "", false
+			return fail, false
 		}
 		seen = append(seen, ext)
 		switch ext {
 		case extServerName:
 			var ok bool
 			if name, ok = parseServerName(&data); !ok {
-				return "", false
+				return fail, false
 			}
 		case extPreSharedKey:
 			// pre_shared_key must be the last extension.
 			if !exts.Empty() || !checkPSK(&data) {
-				return "", false
+				return fail, false
 			}
 		case extEncryptedClientHello:
-			if !checkECH(data) {
-				return "", false
+			var ok bool
+			if hello.ech, ok = checkECH(data); !ok {
+				return fail, false
 			}
 			data = nil
 		case extSessionTicket, extQUICTransportParameters:
@@ -243,24 +256,25 @@ func parseClientHello(msg []byte) (sni string, ok bool) {
 		default:
 			known, ok := checkExtension(ext, &data)
 			if !ok {
-				return "", false
+				return fail, false
 			}
 			if !known {
 				continue // unknown extensions are ignored, contents and all
 			}
 		}
 		if !data.Empty() {
-			return "", false
+			return fail, false
 		}
 	}
 	// No extension twice (crypto/tls's seenExts).
 	slices.Sort(seen)
 	for i := 1; i < len(seen); i++ {
 		if seen[i] == seen[i-1] {
-			return "", false
+			return fail, false
 		}
 	}
-	return string(name), true
+	hello.sni = string(name)
+	return hello, true
 }
 
 // parseServerName reads server_name (RFC 6066, Section 3) as crypto/tls
@@ -359,23 +373,23 @@ func checkPSK(data *cryptobyte.String) bool {
 // checkECH mirrors parseECHExt as processECHClientHello runs it on a
 // non-empty extension: an inner one is the type byte alone; an outer one
 // has cipher suite, config id, encapsulated key and payload (trailing
-// bytes allowed); any other type fails.
-func checkECH(data cryptobyte.String) bool {
+// bytes allowed); any other type fails. outer reports an outer one.
+func checkECH(data cryptobyte.String) (outer, ok bool) {
 	if data.Empty() {
-		return true // crypto/tls skips an empty ECH extension
+		return false, true // crypto/tls skips an empty ECH extension
 	}
 	var typ, configID uint8
 	var kdf, aead uint16
 	var encap, payload cryptobyte.String
 	if !data.ReadUint8(&typ) {
-		return false
+		return false, false
 	}
 	switch typ {
-	case 1: // inner
-		return data.Empty()
+	case 1: // inner: this ClientHello's own name is the one served
+		return false, data.Empty()
 	case 0: // outer
-		return data.ReadUint16(&kdf) && data.ReadUint16(&aead) && data.ReadUint8(&configID) &&
+		return true, data.ReadUint16(&kdf) && data.ReadUint16(&aead) && data.ReadUint8(&configID) &&
 			data.ReadUint16LengthPrefixed(&encap) && data.ReadUint16LengthPrefixed(&payload)
 	}
-	return false
+	return false, false
 }

@@ -51,6 +51,12 @@ func peekClientHelloTLS(conn net.Conn, pre []byte) (sni string, raw []byte, ok b
 	return sni, rc.buf.Bytes(), got
 }
 
+// peekSNI is the gate's verdict as the oracle gives it: ok and the name.
+func peekSNI(conn net.Conn, pre []byte) (sni string, raw []byte, ok bool) {
+	hello, raw, ok := peekClientHello(conn, pre)
+	return hello.sni, raw, ok
+}
+
 // memConn is an in-memory connection that serves b in reads of at most
 // chunk bytes (0: as much as asked) and counts what was taken.
 type memConn struct {
@@ -354,7 +360,7 @@ func TestClientHelloRules(t *testing.T) {
 	var c memConn
 	for _, r := range rows {
 		t.Run(r.name, func(t *testing.T) {
-			sni, raw, ok := peekClientHello(c.reset(r.in, 0), nil)
+			sni, raw, ok := peekSNI(c.reset(r.in, 0), nil)
 			if ok != r.ok || sni != r.sni {
 				t.Errorf("peekClientHello = (%q, %v), want (%q, %v)", sni, ok, r.sni, r.ok)
 			}
@@ -378,7 +384,7 @@ func TestClientHelloReadsNoFurther(t *testing.T) {
 			tail := []byte("\x17\x03\x03\x00\x05early")
 			for _, chunk := range []int{0, 1, 300} {
 				c := (&memConn{}).reset(cat(in, tail), chunk)
-				_, raw, ok := peekClientHello(c, nil)
+				_, raw, ok := peekSNI(c, nil)
 				if !ok || !bytes.Equal(raw, in) || c.taken != len(in) {
 					t.Errorf("%s, chunk %d: ok %v, took %d bytes, raw %d bytes, want the %d of the ClientHello", name, chunk, ok, c.taken, len(raw), len(in))
 				}
@@ -386,7 +392,7 @@ func TestClientHelloReadsNoFurther(t *testing.T) {
 			for _, split := range []int{0, 3, 5, 6, len(in), len(in) + 3} {
 				all := cat(in, tail)
 				c := (&memConn{}).reset(all[split:], 0)
-				_, raw, ok := peekClientHello(c, all[:split])
+				_, raw, ok := peekSNI(c, all[:split])
 				want := all[:max(split, len(in))]
 				if !ok || !bytes.Equal(raw, want) {
 					t.Errorf("%s, pre %d bytes: ok %v, raw %d bytes, want %d", name, split, ok, len(raw), len(want))
@@ -421,7 +427,7 @@ func FuzzClientHelloPeek(f *testing.F) {
 	f.Fuzz(func(t *testing.T, in []byte, split uint16, chunk uint8) {
 		s := int(split) % (len(in) + 1)
 		pre, rest := in[:s], in[s:]
-		sni, raw, ok := peekClientHello(c.reset(rest, int(chunk)), pre)
+		sni, raw, ok := peekSNI(c.reset(rest, int(chunk)), pre)
 		taken := c.taken
 		osni, oraw, ook := peekClientHelloTLS(oc.reset(rest, int(chunk)), pre)
 		if ok != ook || sni != osni {
@@ -439,11 +445,11 @@ func FuzzClientHelloPeek(f *testing.F) {
 		if taken > oc.taken {
 			t.Fatalf("gate took %d bytes, crypto/tls only %d", taken, oc.taken)
 		}
-		if nsni, _, nok := peekClientHello(c.reset(rest[:taken], 0), pre); !nok || nsni != sni {
+		if nsni, _, nok := peekSNI(c.reset(rest[:taken], 0), pre); !nok || nsni != sni {
 			t.Fatal("the bytes taken alone are not the same ClientHello")
 		}
 		if taken > 0 {
-			if _, _, nok := peekClientHello(c.reset(rest[:taken-1], 0), pre); nok {
+			if _, _, nok := peekSNI(c.reset(rest[:taken-1], 0), pre); nok {
 				t.Fatal("took a byte it did not need")
 			}
 		}

@@ -24,7 +24,7 @@ import (
 // to those of the throwaway tls.Server handshake it replaced, which cost
 // 6.5x its time on every new tunnel (docs/egress.md, "The ClientHello
 // gate").
-func peekClientHello(conn net.Conn, pre []byte) (sni string, raw []byte, ok bool) {
+func peekClientHello(conn net.Conn, pre []byte) (hello peekedHello, raw []byte, ok bool) {
 	_ = conn.SetReadDeadline(time.Now().Add(handshakeTimeout))
 	defer conn.SetReadDeadline(time.Time{})
 	return readClientHello(conn, pre)
@@ -54,13 +54,28 @@ func (g *Gateway) openTunnel(conn net.Conn, pre []byte, t *target, rec audit.Rec
 		refuse("dial", "dial upstream: "+err.Error(), 0)
 		return nil, 0, false
 	}
-	sni, hello, isTLS := peekClientHello(conn, pre)
+	peeked, hello, isTLS := peekClientHello(conn, pre)
+	sni := peeked.sni
 	switch {
 	case !isTLS:
 		refuse("not-tls", "tunnel payload is not a TLS ClientHello; tunnels carry TLS only", int64(len(hello)))
 		return nil, 0, false
 	case sni == "":
 		refuse("sni-missing", "TLS ClientHello without SNI; the server name must match the CONNECT host", int64(len(hello)))
+		return nil, 0, false
+	case peeked.ech:
+		// The SNI seen is the outer one; a server with the ECH key serves
+		// the inner name instead, whatever the outer says (fronting by
+		// design). Stripping ech from DNS answers (docs/egress.md) does
+		// not stop an agent that brings its own ECHConfigList.
+		refuse("ech", fmt.Sprintf("TLS ClientHello offers Encrypted ClientHello (outer SNI %q): the server may act on an encrypted inner server name the gateway cannot check against the CONNECT host; turn ECH off in the client (curl --ech false, Chrome --disable-features=EncryptedClientHello)", sni), int64(len(hello)))
+		return nil, 0, false
+	case !asciiHostName(sni):
+		// Normalize lowercases Unicode: U+212A KELVIN SIGN becomes "k",
+		// so "\u212aiosk.example.com" would pass for kiosk.example.com
+		// while the server, matching names bytewise or by ASCII case,
+		// serves another (its default) name.
+		refuse("sni-mismatch", fmt.Sprintf("TLS SNI %q is not an ASCII host name (RFC 6066: internationalized names are sent as xn-- A-labels), so it cannot name CONNECT host %q", sni, t.host), int64(len(hello)))
 		return nil, 0, false
 	case t.literal:
 		rule, reason, ok := g.decideBenchSNI(t, policy.Normalize(sni))
@@ -103,6 +118,18 @@ func (g *Gateway) relay(conn, up net.Conn, t *target, rec audit.Record, start ti
 }
 
 var errIdle = errors.New("idle timeout")
+
+// asciiHostName reports whether name is printable ASCII without spaces,
+// the only bytes a host name in SNI has (RFC 6066, Section 3), so that
+// policy.Normalize on it is ASCII case folding, as servers match names.
+func asciiHostName(name string) bool {
+	for i := 0; i < len(name); i++ {
+		if name[i] <= ' ' || name[i] >= 0x7f {
+			return false
+		}
+	}
+	return true
+}
 
 // logOpen writes the open record of an allowed tunnel (intercepted or
 // not); its close record follows with bytes and duration.
