@@ -25,6 +25,9 @@
 #                                  # GOMAXPROCS=1 in its environment (rows
 #                                  # "cage-egress-gomaxprocs1"), every figure,
 #                                  # interception included, same rounds
+#   ICPT_C=1 ONLY=icpt bench/egress/run.sh  # interception with one client
+#                                  # (an agent's one model request at a time;
+#                                  # the default is 8 clients)
 #   ONLY=icpt bench/egress/run.sh  # interception rows only (direct, cage-
 #                                  # egress, the base build, mitmdump),
 #                                  # ROUNDS interleaved rounds (~1 minute each)
@@ -100,7 +103,7 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 . "$ROOT/bench/egress/common.sh"   # bench_init, background, wait_port, cpu_ticks, egress_prepare, squid_conf
 bench_init egress-bench
 
-N_LAT=${N_LAT:-2000}; BULK=${BULK:-$((512 << 20))}; ROUNDS=${ROUNDS:-3}; KA_SECS=${KA_SECS:-5s}; HOLD=${HOLD:-1000}; ICPT_SECS=${ICPT_SECS:-5s}
+N_LAT=${N_LAT:-2000}; BULK=${BULK:-$((512 << 20))}; ROUNDS=${ROUNDS:-3}; KA_SECS=${KA_SECS:-5s}; HOLD=${HOLD:-1000}; ICPT_SECS=${ICPT_SECS:-5s}; ICPT_C=${ICPT_C:-8}
 if [ -n "${QUICK:-}" ]; then N_LAT=300; BULK=$((128 << 20)); ROUNDS=1; KA_SECS=2s; HOLD=300; ICPT_SECS=2s; fi
 PAIRED_N=${PAIRED_N:-1000}; [ -n "${QUICK:-}" ] && PAIRED_N=${PAIRED_N_Q:-300}
 PAIRED_BULK=${PAIRED_BULK:-$((256 << 20))}; [ -n "${QUICK:-}" ] && PAIRED_BULK=${PAIRED_BULK_Q:-$((64 << 20))}
@@ -245,7 +248,7 @@ if [ -n "${PROFILE:-}" ]; then
       latency) lg latency -label p -proxy 127.0.0.1:$PORT -target "up.bench.test:$UP_PORT" -n "$N_LAT" ;;
       bulk) lg throughput -label p -proxy 127.0.0.1:$PORT -target "up.bench.test:$UP_PORT" -bytes "$BULK" ;;
       keepalive) lg rps -label p -proxy 127.0.0.1:$PORT -target "up.bench.test:$UP_PORT" -c 8 -d "$KA_SECS" ;;
-      icpt) lg rps -label p -proxy 127.0.0.1:$PORT -target "api.bench.test:$UP_PORT" -sni api.bench.test -header "x-api-key:$PH" -c 8 -d "$ICPT_SECS" ;;
+      icpt) lg rps -label p -proxy 127.0.0.1:$PORT -target "api.bench.test:$UP_PORT" -sni api.bench.test -header "x-api-key:$PH" -c "$ICPT_C" -d "$ICPT_SECS" ;;
       *) echo "PROFILE=$PROFILE: want latency, bulk, keepalive or icpt" >&2; exit 2 ;;
     esac
   }
@@ -299,9 +302,12 @@ direct() {
 icpt() {
   local label=$1 c0 c1; shift
   c0=$(cpu_ticks "$PROXY_PID")
-  lg rps -label "$label" -proxy 127.0.0.1:$PORT -sni api.bench.test -c 8 -d "$ICPT_SECS" "$@"
+  lg rps -label "$label" -proxy 127.0.0.1:$PORT -sni api.bench.test -c "$ICPT_C" -d "$ICPT_SECS" "$@"
   c1=$(cpu_ticks "$PROXY_PID")
   echo "{\"mode\":\"cpu\",\"label\":\"$label\",\"tck\":$TCK,\"icpt\":$((c1 - c0))}" >>"$R"
+  # Paired as the keep-alive figure is: time slices alternating between
+  # the direct upstream and the intercepted path (PAIRED_KA=0 skips it).
+  [ "$PAIRED_KA" = 0 ] || lg rps -label "$label" -proxy 127.0.0.1:$PORT -sni api.bench.test -c "$ICPT_C" -d "$ICPT_SECS" "$@" -paired "127.0.0.1:$UP_PORT"
 }
 for rnd in $(seq "$ROUNDS"); do
   echo "== round $rnd/$ROUNDS (load: $(cut -d' ' -f1-3 /proc/loadavg))" >&2
@@ -357,26 +363,26 @@ for rnd in $(seq "$ROUNDS"); do
   done
   [ "${ONLY:-}" = tunnel ] || [ "${ONLY:-}" = rss ] && continue
   # Interception: cage-egress runs every inspector and injects a credential;
-  # mitmdump only re-encrypts. 8 keep-alive clients.
-  lg rps -label "direct|$rnd|icpt" -target "127.0.0.1:$UP_PORT" -c 8 -d "$ICPT_SECS"
+  # mitmdump only re-encrypts. ICPT_C keep-alive clients (8).
+  lg rps -label "direct|$rnd|icpt" -target "127.0.0.1:$UP_PORT" -c "$ICPT_C" -d "$ICPT_SECS"
   PORT=$((PORT + 1)); start_proxy cage-egress-icpt "$PORT"
   icpt "cage-egress (name)|$rnd|icpt" -target "api.bench.test:$UP_PORT" -header "x-api-key:$PH"
   stop_proxy
   if [ -n "${BASE_EGRESS:-}" ]; then
-    lg rps -label "direct|$rnd.b|icpt" -target "127.0.0.1:$UP_PORT" -c 8 -d "$ICPT_SECS"
+    lg rps -label "direct|$rnd.b|icpt" -target "127.0.0.1:$UP_PORT" -c "$ICPT_C" -d "$ICPT_SECS"
     PORT=$((PORT + 1)); start_proxy cage-egress-base-icpt "$PORT"
     icpt "cage-egress-base (name)|$rnd.b|icpt" -target "api.bench.test:$UP_PORT" -header "x-api-key:$PH"
     stop_proxy
   fi
   if [ -n "${GOMAXPROCS1:-}" ]; then
-    lg rps -label "direct|$rnd.p|icpt" -target "127.0.0.1:$UP_PORT" -c 8 -d "$ICPT_SECS"
+    lg rps -label "direct|$rnd.p|icpt" -target "127.0.0.1:$UP_PORT" -c "$ICPT_C" -d "$ICPT_SECS"
     PORT=$((PORT + 1)); start_proxy cage-egress-gomaxprocs1-icpt "$PORT"
     icpt "cage-egress-gomaxprocs1 (name)|$rnd.p|icpt" -target "api.bench.test:$UP_PORT" -header "x-api-key:$PH"
     stop_proxy
   fi
   if [ -n "$MITM" ]; then
     PORT=$((PORT + 1)); start_proxy mitmdump "$PORT"
-    lg rps -label "direct|$rnd.m|icpt" -target "127.0.0.1:$UP_PORT" -c 8 -d "$ICPT_SECS"
+    lg rps -label "direct|$rnd.m|icpt" -target "127.0.0.1:$UP_PORT" -c "$ICPT_C" -d "$ICPT_SECS"
     icpt "mitmdump (ip)|$rnd.m|icpt" -target "127.0.0.1:$UP_PORT"
     stop_proxy
   fi
@@ -385,11 +391,12 @@ echo "{\"mode\":\"load_end\",\"loadavg\":\"$(cut -d' ' -f1-3 /proc/loadavg)\"}" 
 injected=$(grep -c '"secrets_injected":\["anthropic"\]' "$W/audit.jsonl" || true)
 opens=$(grep -c '"event":"open"' "$W/audit.jsonl" || true)
 
-python3 - "$R" "$injected" "$opens" "$N_LAT" "$BULK" "$KA_SECS" "$HOLD" "$(nproc)" "$PAIRED_BULK" "$PAIRED_KA" <<'PY'
+python3 - "$R" "$injected" "$opens" "$N_LAT" "$BULK" "$KA_SECS" "$HOLD" "$(nproc)" "$PAIRED_BULK" "$PAIRED_KA" "$ICPT_C" <<'PY'
 import json, sys, statistics as st
 rs = [json.loads(l) for l in open(sys.argv[1])]
 injected, opens, n_lat, bulk, ka, hold = sys.argv[2:8]
 ncpu = int(sys.argv[8])
+icpt_c = sys.argv[11]
 bulk_p, ka_p = sys.argv[9:11]
 loads = [r["loadavg"] for r in rs if r["mode"] == "load"]
 def rows(mode, icpt=False):
@@ -425,23 +432,25 @@ if not lat and rss:
 if not lat:
     # ONLY=icpt: the interception rows alone.
     cpu_ic = rows("cpu", True)
-    print(f"\nIntercepted requests, {len(loads)} interleaved round(s), 8 keep-alive clients; ratios to a direct run just before each (median over rounds)")
+    print(f"\nIntercepted requests, {len(loads)} interleaved round(s), {icpt_c} keep-alive clients; ratios to a direct run just before each (median over rounds)")
     print(f"load average at the start of each round: {'; '.join(loads)}\n")
-    print("| proxy | intercepted req/s | × direct | per round | CPU per request | per round |")
-    print("|---|---|---|---|---|---|")
-    print(f"| direct | {med(ic,'direct','req_per_s'):.0f} | – | – | – | – |")
+    pic = rows("paired-rps", True)
+    print("| proxy | intercepted req/s | × direct | per round | paired × direct | per round | CPU per request | per round |")
+    print("|---|---|---|---|---|---|---|---|")
+    print(f"| direct | {med(ic,'direct','req_per_s'):.0f} | – | – | – | – | – | – |")
     d = ic["direct"]
     for name in ic:
         if name == "direct": continue
         v = [c["icpt"] / c["tck"] / ic[name][k]["n"] for k, c in cpu_ic.get(name, {}).items() if k in ic[name] and ic[name][k]["n"]]
         rr = [ic[name][k]["req_per_s"] / d[k]["req_per_s"] for k in ic[name] if k in d and d[k]["req_per_s"]]
+        pr = [r["req_per_s"] / r["direct_req_per_s"] for r in pic.get(name, {}).values() if r.get("direct_req_per_s")]
         errs = sum(r["errors"] for r in ic[name].values())
-        print(f"| {name} | {med(ic,name,'req_per_s'):.0f} | {f(ratio(ic,name,'req_per_s'))} | {' '.join(f'{x:.2f}' for x in rr)} | {st.median(v)*1e6:.0f} µs | {' '.join(f'{x*1e6:.0f}' for x in v)} |" + (f" ({errs} errors)" if errs else ""))
+        print(f"| {name} | {med(ic,name,'req_per_s'):.0f} | {f(ratio(ic,name,'req_per_s'))} | {' '.join(f'{x:.2f}' for x in rr)} | {f(st.median(pr) if pr else None)} | {' '.join(f'{x:.2f}' for x in pr) or '–'} | {st.median(v)*1e6:.0f} µs | {' '.join(f'{x*1e6:.0f}' for x in v)} |" + (f" ({errs} errors)" if errs else ""))
     print(f"cage-egress audit: {injected} requests with an injected credential")
     sys.exit(0)
 print(f"\nEgress tunnel path, {len(loads)} interleaved round(s), every proxy fresh per round; each ratio to a direct run just before it (median over rounds)")
 print(f"load average at the start of each round: {'; '.join(loads)}; at the end: {'; '.join(r['loadavg'] for r in rs if r['mode'] == 'load_end')}")
-print(f"{n_lat} new-tunnel GETs, one {int(bulk)>>20} MiB GET, 8 keep-alive tunnels for {ka}" + ("" if not rss else f", {hold} idle tunnels") + (", interception with 8 clients" if ic else "") + "\n")
+print(f"{n_lat} new-tunnel GETs, one {int(bulk)>>20} MiB GET, 8 keep-alive tunnels for {ka}" + ("" if not rss else f", {hold} idle tunnels") + (f", interception with {icpt_c} clients" if ic else "") + "\n")
 print("| proxy | new tunnel p50 | p99 | bulk | keep-alive req/s | RSS idle / %s tunnels | intercepted req/s |" % hold)
 print("|---|---|---|---|---|---|---|")
 d = lat["direct"]
@@ -457,24 +466,26 @@ for name in lat:
 # The paired runs: each alternates direct and proxied work in one run (new
 # tunnels one by one, bulk chunks, keep-alive time slices), so each ratio
 # compares two sides that met the same moments of the machine's load.
-pl, ptp, pka = rows("paired"), rows("paired-throughput"), rows("paired-rps")
+pl, ptp, pka, pic = rows("paired"), rows("paired-throughput"), rows("paired-rps"), rows("paired-rps", True)
 # (table, proxied key, direct key, the first table's table and key) per column
 paired = [(pl, "p50_us", "direct_p50_us", lat, "p50_us"), (pl, "p99_us", "direct_p99_us", lat, "p99_us"),
-          (ptp, "mb_per_s", "direct_mb_per_s", tp, "mb_per_s"), (pka, "req_per_s", "direct_req_per_s", ka_r, "req_per_s")]
+          (ptp, "mb_per_s", "direct_mb_per_s", tp, "mb_per_s"), (pka, "req_per_s", "direct_req_per_s", ka_r, "req_per_s"),
+          (pic, "req_per_s", "direct_req_per_s", ic, "req_per_s")]
 def pratios(table, name, key, dkey):
     return [r[key] / r[dkey] for r in table.get(name, {}).values() if r.get(dkey)]
-pnames = list(dict.fromkeys(n for t in (pl, ptp, pka) for n in t))
+pnames = list(dict.fromkeys(n for t in (pl, ptp, pka, pic) for n in t))
 if pnames:
     what = []
     if pl: what.append(f"new tunnels one by one, every other one direct ({next(iter(next(iter(pl.values())).values()))['n']} pairs)")
     if ptp: what.append(f"{int(bulk_p) >> 20} MiB downloaded on each side in chunks alternating between a direct and a proxied keep-alive connection")
     if pka: what.append(f"8 keep-alive clients for {ka_p} on each side in time slices alternating direct and proxied")
+    if pic: what.append(f"{icpt_c} intercepted keep-alive clients likewise")
     print(f"\nPaired in one run, each ratio the proxied side's figure over the direct side's of the same run (median over rounds, then every round's): {'; '.join(what)}:\n")
-    print("| proxy | new tunnel p50 | p99 | bulk | keep-alive req/s | p50 per round | p99 per round | bulk per round | keep-alive per round |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| proxy | new tunnel p50 | p99 | bulk | keep-alive req/s | intercepted req/s | p50 per round | p99 per round | bulk per round | keep-alive per round | intercepted per round |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name in pnames:
         rr = [pratios(t, name, k, dk) for t, k, dk, _, _ in paired]
-        errs = sum(r["errors"] for t in (pl, ptp, pka) for r in t.get(name, {}).values())
+        errs = sum(r["errors"] for t in (pl, ptp, pka, pic) for r in t.get(name, {}).values())
         print(f"| {name} | " + " | ".join(f(st.median(v) if v else None) for v in rr) + " | " + " | ".join(" ".join(f"{x:.2f}" for x in v) or "–" for v in rr) + " |" + (f" ({errs} errors)" if errs else ""))
     # How far apart the rounds' ratios are, paired and unpaired (the
     # first table's ratios to a direct run just before): the load noise
@@ -482,8 +493,8 @@ if pnames:
     if len(loads) > 1:
         def spread(v): return "–" if len(v) < 2 else f"{max(v) - min(v):.2f}"
         print("\nSpread of the rounds' ratios (max - min), paired / unpaired (the first table's):\n")
-        print("| proxy | new tunnel p50 | p99 | bulk | keep-alive req/s |")
-        print("|---|---|---|---|---|")
+        print("| proxy | new tunnel p50 | p99 | bulk | keep-alive req/s | intercepted req/s |")
+        print("|---|---|---|---|---|---|")
         for name in pnames:
             cells = [f"{spread(pratios(t, name, k, dk))} / {spread(ratios(ut, name, uk))}" for t, k, dk, ut, uk in paired]
             print(f"| {name} | " + " | ".join(cells) + " |")
