@@ -455,3 +455,53 @@ func FuzzClientHelloPeek(f *testing.F) {
 		}
 	})
 }
+
+// TestRetryHello: the second ClientHello of a HelloRetryRequest may come
+// after change_cipher_spec records (the middlebox-compatibility CCS), the
+// first may not (crypto/tls agrees); a HelloRetryRequest is told from a
+// ServerHello by its random, and what readServerHello read is passed on
+// whole, records and all.
+func TestRetryHello(t *testing.T) {
+	ccs := record(recordTypeCCS, []byte{1})
+	hello := helloRecord(hostName("a.example"))
+	var c memConn
+	if _, _, ok := peekSNI(c.reset(cat(ccs, hello), 0), nil); ok {
+		t.Error("a first ClientHello after change_cipher_spec passed")
+	}
+	if _, _, ok := peekClientHelloTLS(c.reset(cat(ccs, hello), 0), nil); ok {
+		t.Error("crypto/tls takes change_cipher_spec before the first ClientHello: the row is not its rule")
+	}
+	for _, in := range [][]byte{hello, cat(ccs, hello), cat(ccs, warning, ccs, hello)} {
+		p, raw, ok := readRetryHello(c.reset(in, 0), nil)
+		if !ok || p.sni != "a.example" || !bytes.Equal(raw, in) || p.records != len(in) {
+			t.Errorf("second ClientHello %x: (%+v, %d bytes, %v)", in, p, len(raw), ok)
+		}
+	}
+	for _, in := range [][]byte{cat(record(recordTypeCCS, []byte{2}), hello), cat(repeat(ccs, maxUselessRecords+1), hello)} {
+		if _, _, ok := readRetryHello(c.reset(in, 0), nil); ok {
+			t.Errorf("second ClientHello after %x passed", in[:6])
+		}
+	}
+
+	serverHello := func(random []byte) []byte {
+		return record(recordTypeHandshake, handshake(typeServerHello, cat([]byte{3, 3}, random, u8(), []byte{0x13, 0x01, 0}, u16())))
+	}
+	hrr := serverHello(helloRetryRandom[:])
+	tail := record(recordTypeCCS, []byte{1})
+	for _, r := range []struct {
+		name  string
+		in    []byte
+		retry bool
+		took  int
+	}{
+		{"HelloRetryRequest", cat(hrr, tail), true, len(hrr)},
+		{"ServerHello", cat(serverHello(make([]byte, 32)), tail), false, len(hrr)},
+		{"fatal alert", record(recordTypeAlert, []byte{2, 40}), false, 7},
+		{"not TLS", []byte("HTTP/1.1 400 Bad Request\r\n\r\n"), false, 5},
+	} {
+		raw, retry := readServerHello(c.reset(r.in, 0))
+		if retry != r.retry || !bytes.Equal(raw, r.in[:r.took]) || c.taken != r.took {
+			t.Errorf("%s: retry %v, raw %d bytes, took %d; want %v, %d", r.name, retry, len(raw), c.taken, r.retry, r.took)
+		}
+	}
+}
