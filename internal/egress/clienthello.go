@@ -35,6 +35,14 @@ const (
 	alertLevelWarning = 1
 	alertCloseNotify  = 0
 
+	// maxHelloBytes bounds what the gate takes for one hello, records,
+	// alerts and all: a 64 KiB message in records of 16 KiB takes 65565
+	// bytes. crypto/tls has no such bound (a message a byte a record, 16
+	// warning alerts before each, is 7.7 MB it would take); the gate does
+	// not follow it there, so an unfinished ClientHello costs the gateway
+	// at most this much for the handshake timeout (TestThreatHelloFloodRSS).
+	maxHelloBytes = 2 * maxHandshake
+
 	// helloExts is room for a browser's extensions without allocating.
 	helloExts = 32
 )
@@ -79,9 +87,12 @@ type helloReader struct {
 // next returns the following n bytes, reading from conn what raw lacks;
 // reserve (>= n) sizes a growth of raw so the next record header fits too.
 func (r *helloReader) next(n, reserve int) ([]byte, bool) {
+	if r.pos+n > maxHelloBytes {
+		return nil, false
+	}
 	if lack := r.pos + n - len(r.raw); lack > 0 {
 		if cap(r.raw)-len(r.raw) < lack {
-			grown := make([]byte, len(r.raw), max(2*cap(r.raw), r.pos+reserve))
+			grown := make([]byte, len(r.raw), min(max(2*cap(r.raw), r.pos+reserve), maxHelloBytes))
 			copy(grown, r.raw)
 			r.raw = grown
 		}

@@ -430,6 +430,9 @@ func FuzzClientHelloPeek(f *testing.F) {
 		sni, raw, ok := peekSNI(c.reset(rest, int(chunk)), pre)
 		taken := c.taken
 		osni, oraw, ook := peekClientHelloTLS(oc.reset(rest, int(chunk)), pre)
+		if !ok && ook && len(raw) > maxHelloBytes-maxPlaintext-recordHeaderLen {
+			return // the gate's own bound, past crypto/tls's (TestClientHelloBound)
+		}
 		if ok != ook || sni != osni {
 			t.Fatalf("gate (%q, %v), crypto/tls (%q, %v)", sni, ok, osni, ook)
 		}
@@ -503,5 +506,28 @@ func TestRetryHello(t *testing.T) {
 		if retry != r.retry || !bytes.Equal(raw, r.in[:r.took]) || c.taken != r.took {
 			t.Errorf("%s: retry %v, raw %d bytes, took %d; want %v, %d", r.name, retry, len(raw), c.taken, r.retry, r.took)
 		}
+	}
+}
+
+// TestClientHelloBound: the gate takes at most maxHelloBytes for a
+// ClientHello, where crypto/tls takes a 64 KiB message a byte a record: a
+// ClientHello of the largest size in full records passes, the same
+// message in records of a byte is refused once the bound is reached.
+func TestClientHelloBound(t *testing.T) {
+	msg := sized(maxHandshake)
+	var c memConn
+	full := fragment(msg, maxPlaintext, maxPlaintext, maxPlaintext, maxPlaintext)
+	if sni, raw, ok := peekSNI(c.reset(full, 0), nil); !ok || sni != "example.com" || len(raw) != len(full) {
+		t.Errorf("64 KiB ClientHello in 16 KiB records: (%q, %d bytes, %v)", sni, len(raw), ok)
+	}
+	var tiny []byte
+	for _, b := range msg {
+		tiny = append(tiny, record(recordTypeHandshake, []byte{b})...)
+	}
+	if _, _, ok := peekClientHelloTLS(c.reset(tiny, 0), nil); !ok {
+		t.Fatal("crypto/tls refuses the ClientHello in records of a byte: the bound is not past its rules")
+	}
+	if _, raw, ok := peekSNI(c.reset(tiny, 0), nil); ok || len(raw) > maxHelloBytes || c.taken > maxHelloBytes {
+		t.Errorf("ClientHello in records of a byte: ok %v, %d bytes kept, %d taken; want refused within %d", ok, len(raw), c.taken, maxHelloBytes)
 	}
 }

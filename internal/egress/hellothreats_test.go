@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"bytes"
 	"crypto/ecdh"
 	"crypto/rand"
 	"crypto/sha256"
@@ -405,4 +406,57 @@ func TestThreatTunnelHelloRetryFronting(t *testing.T) {
 	if n := strings.Count(srv.log(), `Hostname in TLS extension: "plain.example.com"`); n < 3 {
 		t.Errorf("s_server saw plain.example.com %d times, want the refused tunnel's first ClientHello and both of the retry:\n%s", n, srv.log())
 	}
+}
+
+// The caged agent makes the gateway hold its ClientHello bytes: crypto/tls
+// takes a handshake message of up to 64 KiB in records of one byte each,
+// and up to 16 warning alerts before each record, so a ClientHello never
+// finished costs the gateway up to 7.7 MB per tunnel for the 15 s
+// handshake timeout. Across tunnels at the default limits (256) that is
+// gigabytes. The gate must stop taking bytes at a bound of its own, so
+// the real binary's peak RSS stays under FloodRSSBoundMiB, the bound
+// TestFloodRSS holds for its floods; each tunnel is refused as not-tls.
+func TestThreatHelloFloodRSS(t *testing.T) {
+	h := setupHarness(t, func(rt *policy.Runtime) { rt.Policy.Limits = policy.Limits{} })
+	cmd := h.startBinary(t)
+	pid := cmd.Process.Pid
+	warn := []byte{recordTypeAlert, 3, 3, 0, 2, alertLevelWarning, 90}
+	// The header of a ClientHello message of 64 KiB, then its body a byte
+	// a record, each record after 16 warnings.
+	unit := append(bytes.Repeat(warn, 16), recordTypeHandshake, 3, 1, 0, 1, 0)
+	var flood []byte
+	flood = append(flood, recordTypeHandshake, 3, 1, 0, 4, typeClientHello, 1, 0, 0)
+	for len(flood) < 3<<20 {
+		flood = append(flood, unit...)
+	}
+	const tunnels = 64
+	var wg sync.WaitGroup
+	var conns []net.Conn
+	for range tunnels {
+		conn, code := h.connect("plain.example.com:"+strconv.Itoa(h.up.tlsPort), "")
+		if code != http.StatusOK {
+			t.Fatalf("CONNECT: %d", code)
+		}
+		conns = append(conns, conn)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			conn.SetWriteDeadline(time.Now().Add(20 * time.Second))
+			conn.Write(flood) // fails once the gateway refuses
+		}()
+	}
+	wg.Wait()
+	time.Sleep(500 * time.Millisecond)
+	peak := procStatus(t, pid, "VmHWM")
+	for _, c := range conns {
+		c.Close()
+	}
+	if p := h.panicked(); p != "" {
+		t.Fatalf("the gateway crashed:\n%s", p)
+	}
+	t.Logf("gateway peak RSS %d KiB after %d tunnels sent %d KiB of ClientHello records each", peak, tunnels, len(flood)>>10)
+	if peak > FloodRSSBoundMiB<<10 {
+		t.Fatalf("gateway peak RSS %d KiB exceeds %d MiB", peak, FloodRSSBoundMiB)
+	}
+	h.want(t, is("CONNECT", "plain.example.com", h.up.tlsPort), audit.Blocked, "not-tls")
 }
