@@ -460,3 +460,140 @@ func TestThreatHelloFloodRSS(t *testing.T) {
 	}
 	h.want(t, is("CONNECT", "plain.example.com", h.up.tlsPort), audit.Blocked, "not-tls")
 }
+
+// What the agent sends through an allowed tunnel reaches the upstream
+// byte for byte and in order: the ClientHello, bytes sent in the same
+// write after it (held by the gateway until the server has answered),
+// and bytes sent later; with a HelloRetryRequest, a second ClientHello
+// pipelined in that same write too. What the server answers reaches the
+// agent whole, and the close record counts both ways. Each refused
+// tunnel leaves exactly one record, with its rule. The upstream is a raw
+// TCP server answering the first record with a ServerHello (or a
+// HelloRetryRequest) and recording everything.
+func TestTunnelReplayExact(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	port := l.Addr().(*net.TCPAddr).Port
+	var retry atomic.Bool
+	got := make(chan []byte, 4)
+	serverHello := func(random []byte) []byte {
+		var b cryptobyte.Builder
+		b.AddUint8(recordTypeHandshake)
+		b.AddUint16(0x0303)
+		b.AddUint16LengthPrefixed(func(b *cryptobyte.Builder) {
+			b.AddUint8(2)
+			b.AddUint24LengthPrefixed(func(b *cryptobyte.Builder) {
+				b.AddUint16(0x0303)
+				b.AddBytes(random)
+				b.AddUint8(0)
+				b.AddUint16(0x1301)
+				b.AddUint8(0)
+				b.AddUint16(0)
+			})
+		})
+		return b.BytesOrPanic()
+	}
+	hrr := sha256.Sum256([]byte("HelloRetryRequest"))
+	answer := map[bool][]byte{false: serverHello(make([]byte, 32)), true: serverHello(hrr[:])}
+	serveEach(l, func(c net.Conn) {
+		c.SetDeadline(time.Now().Add(20 * time.Second))
+		hdr := make([]byte, 5)
+		if _, err := io.ReadFull(c, hdr); err != nil {
+			return
+		}
+		first := make([]byte, 5+(int(hdr[3])<<8|int(hdr[4])))
+		copy(first, hdr)
+		if _, err := io.ReadFull(c, first[5:]); err != nil {
+			return
+		}
+		c.Write(answer[retry.Load()])
+		rest, _ := io.ReadAll(c)
+		got <- append(first, rest...)
+	})
+	h := newHarness(t, func(rt *policy.Runtime) { rt.Policy.Ports = append(rt.Policy.Ports, port) })
+	auth := "plain.example.com:" + strconv.Itoa(port)
+	random, sid := make([]byte, 32), make([]byte, 32)
+	rand.Read(random)
+	rand.Read(sid)
+	key, _ := ecdh.X25519().GenerateKey(rand.Reader)
+	hello := rawHello("plain.example.com", key.PublicKey().Bytes(), random, sid)
+	tail := []byte("\x17\x03\x03\x00\x05early")
+	ccs := []byte{20, 3, 3, 0, 1, 1}
+	for _, c := range []struct {
+		name        string
+		retry       bool
+		first, last []byte
+	}{
+		{"ServerHello", false, cat(hello, tail), []byte("\x17\x03\x03\x00\x04late")},
+		{"HelloRetryRequest", true, cat(rawHello("plain.example.com", nil, random, sid), ccs, hello, tail), []byte("\x17\x03\x03\x00\x04late")},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			retry.Store(c.retry)
+			conn, code := h.connect(auth, "")
+			if code != http.StatusOK {
+				t.Fatalf("CONNECT: %d", code)
+			}
+			defer conn.Close()
+			conn.SetDeadline(time.Now().Add(15 * time.Second))
+			conn.Write(c.first)
+			back := make([]byte, len(answer[c.retry]))
+			if _, err := io.ReadFull(conn, back); err != nil || !bytes.Equal(back, answer[c.retry]) {
+				t.Fatalf("the server's answer reached the agent as %x (%v)", back, err)
+			}
+			conn.Write(c.last)
+			conn.(*net.TCPConn).CloseWrite()
+			io.Copy(io.Discard, conn)
+			want := cat(c.first, c.last)
+			select {
+			case up := <-got:
+				if !bytes.Equal(up, want) {
+					t.Fatalf("upstream got %d bytes %x, the agent sent %d: %x", len(up), up, len(want), want)
+				}
+			case <-time.After(15 * time.Second):
+				t.Fatal("upstream got nothing")
+			}
+			r := h.want(t, closed("CONNECT", "plain.example.com", port), audit.Allowed, "")
+			if r.BytesOut != int64(len(want)) || r.BytesIn != int64(len(back)) {
+				t.Errorf("close record counts %d out, %d in; want %d, %d", r.BytesOut, r.BytesIn, len(want), len(back))
+			}
+		})
+	}
+
+	refusals := []struct {
+		name, rule string
+		in         []byte
+	}{
+		{"plain bytes", "not-tls", []byte("GET / HTTP/1.1\r\nHost: plain.example.com\r\n\r\n")},
+		{"no SNI", "sni-missing", clientHello(t, &tls.Config{InsecureSkipVerify: true})},
+		{"other SNI", "sni-mismatch", rawHello("other.example.com", key.PublicKey().Bytes(), random, sid)},
+	}
+	blocked := func() (n int) {
+		for _, r := range h.records(t) {
+			if is("CONNECT", "plain.example.com", port)(r) && r.Decision == audit.Blocked {
+				n++
+			}
+		}
+		return n
+	}
+	for _, c := range refusals {
+		t.Run(c.name, func(t *testing.T) {
+			before := blocked()
+			conn, code := h.connect(auth, "")
+			if code != http.StatusOK {
+				t.Fatalf("CONNECT: %d", code)
+			}
+			conn.SetDeadline(time.Now().Add(15 * time.Second))
+			conn.Write(c.in)
+			io.Copy(io.Discard, conn) // the gateway closes a refused tunnel
+			conn.Close()
+			r := h.want(t, is("CONNECT", "plain.example.com", port), audit.Blocked, c.rule)
+			time.Sleep(100 * time.Millisecond)
+			if n := blocked() - before; n != 1 {
+				t.Fatalf("%d records for one refused tunnel (last %+v)", n, r)
+			}
+		})
+	}
+}
