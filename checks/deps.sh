@@ -10,6 +10,7 @@ pkgs=(
   nix-bin xz-utils                                 # real Nix stores and binary caches (xz NARs)
   zsh fish groff-base                              # cagectl's generated completions and man page, checked by their shells
   prometheus                                       # a real Prometheus scrapes caged's metrics (TestPrometheusScrapesCaged)
+  openssl                                          # s_server as a real OpenSSL upstream (TestThreatTunnelHelloRetryFronting)
 )
 missing=()
 for p in "${pkgs[@]}"; do

@@ -26,12 +26,22 @@ const (
 	// alerts in a row before it fails the handshake.
 	maxUselessRecords = 16
 
+	recordTypeCCS       = 20
 	recordTypeAlert     = 21
 	recordTypeHandshake = 22
 	typeClientHello     = 1
+	typeServerHello     = 2
 
 	alertLevelWarning = 1
 	alertCloseNotify  = 0
+
+	// maxHelloBytes bounds what the gate takes for one hello, records,
+	// alerts and all: a 64 KiB message in records of 16 KiB takes 65565
+	// bytes. crypto/tls has no such bound (a message a byte a record, 16
+	// warning alerts before each, is 7.7 MB it would take); the gate does
+	// not follow it there, so an unfinished ClientHello costs the gateway
+	// at most this much for the handshake timeout (TestThreatHelloFloodRSS).
+	maxHelloBytes = 2 * maxHandshake
 
 	// helloExts is room for a browser's extensions without allocating.
 	helloExts = 32
@@ -67,14 +77,22 @@ type helloReader struct {
 	conn io.Reader
 	raw  []byte
 	pos  int // parsed up to here
+	// ccs: change_cipher_spec records (the one byte 1) are dropped as
+	// useless records, as crypto/tls's TLS 1.3 server does once it has
+	// sent a HelloRetryRequest (the client's middlebox-compatibility CCS
+	// comes before its second ClientHello).
+	ccs bool
 }
 
 // next returns the following n bytes, reading from conn what raw lacks;
 // reserve (>= n) sizes a growth of raw so the next record header fits too.
 func (r *helloReader) next(n, reserve int) ([]byte, bool) {
+	if r.pos+n > maxHelloBytes {
+		return nil, false
+	}
 	if lack := r.pos + n - len(r.raw); lack > 0 {
 		if cap(r.raw)-len(r.raw) < lack {
-			grown := make([]byte, len(r.raw), max(2*cap(r.raw), r.pos+reserve))
+			grown := make([]byte, len(r.raw), min(max(2*cap(r.raw), r.pos+reserve), maxHelloBytes))
 			copy(grown, r.raw)
 			r.raw = grown
 		}
@@ -97,6 +115,9 @@ type peekedHello struct {
 	// and its server name, which no reader without the key can see (a
 	// greasing client's looks the same, by design).
 	ech bool
+	// records is how many bytes of raw are the ClientHello's records;
+	// the rest is pre past them.
+	records int
 }
 
 // readClientHello reads the ClientHello from pre and conn and returns what
@@ -104,6 +125,16 @@ type peekedHello struct {
 // from conn), and whether crypto/tls would have reached GetConfigForClient.
 // The caller sets the read deadline.
 func readClientHello(conn io.Reader, pre []byte) (hello peekedHello, raw []byte, ok bool) {
+	return readHello(conn, pre, false)
+}
+
+// readRetryHello reads the second ClientHello, the one answering a
+// HelloRetryRequest: as readClientHello, after any change_cipher_spec.
+func readRetryHello(conn io.Reader, pre []byte) (hello peekedHello, raw []byte, ok bool) {
+	return readHello(conn, pre, true)
+}
+
+func readHello(conn io.Reader, pre []byte, ccs bool) (hello peekedHello, raw []byte, ok bool) {
 	// The first header sizes raw: a ClientHello in one record (every real
 	// client's) then costs one allocation; bytes that are no handshake
 	// record get no room they will not use.
@@ -119,7 +150,7 @@ func readClientHello(conn io.Reader, pre []byte) (hello peekedHello, raw []byte,
 	if first[0] != recordTypeHandshake || n > maxPlaintext {
 		n = 0
 	}
-	r := &helloReader{conn: conn, raw: make([]byte, 0, max(len(pre), recordHeaderLen+n))}
+	r := &helloReader{conn: conn, raw: make([]byte, 0, max(len(pre), recordHeaderLen+n)), ccs: ccs}
 	r.raw = append(r.raw, pre...)
 	r.raw = append(r.raw, first[k:]...)
 
@@ -131,7 +162,34 @@ func readClientHello(conn io.Reader, pre []byte) (hello peekedHello, raw []byte,
 	if !ok {
 		return peekedHello{}, r.raw, false
 	}
+	hello.records = r.pos
 	return hello, r.raw, true
+}
+
+// helloRetryRandom is a HelloRetryRequest's random (RFC 8446, 4.1.3).
+var helloRetryRandom = [32]byte{
+	0xCF, 0x21, 0xAD, 0x74, 0xE5, 0x9A, 0x61, 0x11, 0xBE, 0x1D, 0x8C, 0x02, 0x1E, 0x65, 0xB8, 0x91,
+	0xC2, 0xA2, 0x11, 0x16, 0x7A, 0xBB, 0x8C, 0x5E, 0x07, 0x9E, 0x09, 0xE2, 0xC8, 0xA8, 0x33, 0x9C,
+}
+
+// readServerHello reads the server's first handshake message from conn
+// with the same record layer and reports whether it is a
+// HelloRetryRequest; raw is every byte read, to be passed on to the
+// client. Anything else (a ServerHello, an alert, bytes no TLS client
+// would take) is not a retry: the client gets it as it is.
+func readServerHello(conn io.Reader) (raw []byte, retry bool) {
+	r := &helloReader{conn: conn}
+	msg, ok := r.handshakeMessage()
+	if !ok || msg[0] != typeServerHello {
+		return r.raw, false
+	}
+	s := cryptobyte.String(msg[4:])
+	var vers uint16
+	var random []byte
+	if !s.ReadUint16(&vers) || !s.ReadBytes(&random, 32) {
+		return r.raw, false
+	}
+	return r.raw, [32]byte(random) == helloRetryRandom
 }
 
 // handshakeMessage reassembles the first handshake message from one or
@@ -149,7 +207,7 @@ func (r *helloReader) handshakeMessage() ([]byte, bool) {
 		// "first record does not look like a TLS handshake" (checked on
 		// every record until a version is negotiated; it also covers the
 		// SSLv2 0x80 check and application data without a cipher).
-		if (typ != recordTypeAlert && typ != recordTypeHandshake) || vers >= 0x1000 {
+		if (typ != recordTypeAlert && typ != recordTypeHandshake && (typ != recordTypeCCS || !r.ccs)) || vers >= 0x1000 {
 			return nil, false
 		}
 		// "oversized record": n > maxCiphertext fails at the header and
@@ -160,6 +218,15 @@ func (r *helloReader) handshakeMessage() ([]byte, bool) {
 		data, ok := r.next(n, n+recordHeaderLen)
 		if !ok {
 			return nil, false
+		}
+		if typ == recordTypeCCS {
+			if len(data) != 1 || data[0] != 1 {
+				return nil, false
+			}
+			if useless++; useless > maxUselessRecords {
+				return nil, false
+			}
+			continue
 		}
 		if typ == recordTypeAlert {
 			// Only a warning alert other than close_notify is dropped,

@@ -430,6 +430,9 @@ func FuzzClientHelloPeek(f *testing.F) {
 		sni, raw, ok := peekSNI(c.reset(rest, int(chunk)), pre)
 		taken := c.taken
 		osni, oraw, ook := peekClientHelloTLS(oc.reset(rest, int(chunk)), pre)
+		if !ok && ook && len(raw) > maxHelloBytes-maxPlaintext-recordHeaderLen {
+			return // the gate's own bound, past crypto/tls's (TestClientHelloBound)
+		}
 		if ok != ook || sni != osni {
 			t.Fatalf("gate (%q, %v), crypto/tls (%q, %v)", sni, ok, osni, ook)
 		}
@@ -454,4 +457,77 @@ func FuzzClientHelloPeek(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestRetryHello: the second ClientHello of a HelloRetryRequest may come
+// after change_cipher_spec records (the middlebox-compatibility CCS), the
+// first may not (crypto/tls agrees); a HelloRetryRequest is told from a
+// ServerHello by its random, and what readServerHello read is passed on
+// whole, records and all.
+func TestRetryHello(t *testing.T) {
+	ccs := record(recordTypeCCS, []byte{1})
+	hello := helloRecord(hostName("a.example"))
+	var c memConn
+	if _, _, ok := peekSNI(c.reset(cat(ccs, hello), 0), nil); ok {
+		t.Error("a first ClientHello after change_cipher_spec passed")
+	}
+	if _, _, ok := peekClientHelloTLS(c.reset(cat(ccs, hello), 0), nil); ok {
+		t.Error("crypto/tls takes change_cipher_spec before the first ClientHello: the row is not its rule")
+	}
+	for _, in := range [][]byte{hello, cat(ccs, hello), cat(ccs, warning, ccs, hello)} {
+		p, raw, ok := readRetryHello(c.reset(in, 0), nil)
+		if !ok || p.sni != "a.example" || !bytes.Equal(raw, in) || p.records != len(in) {
+			t.Errorf("second ClientHello %x: (%+v, %d bytes, %v)", in, p, len(raw), ok)
+		}
+	}
+	for _, in := range [][]byte{cat(record(recordTypeCCS, []byte{2}), hello), cat(repeat(ccs, maxUselessRecords+1), hello)} {
+		if _, _, ok := readRetryHello(c.reset(in, 0), nil); ok {
+			t.Errorf("second ClientHello after %x passed", in[:6])
+		}
+	}
+
+	serverHello := func(random []byte) []byte {
+		return record(recordTypeHandshake, handshake(typeServerHello, cat([]byte{3, 3}, random, u8(), []byte{0x13, 0x01, 0}, u16())))
+	}
+	hrr := serverHello(helloRetryRandom[:])
+	tail := record(recordTypeCCS, []byte{1})
+	for _, r := range []struct {
+		name  string
+		in    []byte
+		retry bool
+		took  int
+	}{
+		{"HelloRetryRequest", cat(hrr, tail), true, len(hrr)},
+		{"ServerHello", cat(serverHello(make([]byte, 32)), tail), false, len(hrr)},
+		{"fatal alert", record(recordTypeAlert, []byte{2, 40}), false, 7},
+		{"not TLS", []byte("HTTP/1.1 400 Bad Request\r\n\r\n"), false, 5},
+	} {
+		raw, retry := readServerHello(c.reset(r.in, 0))
+		if retry != r.retry || !bytes.Equal(raw, r.in[:r.took]) || c.taken != r.took {
+			t.Errorf("%s: retry %v, raw %d bytes, took %d; want %v, %d", r.name, retry, len(raw), c.taken, r.retry, r.took)
+		}
+	}
+}
+
+// TestClientHelloBound: the gate takes at most maxHelloBytes for a
+// ClientHello, where crypto/tls takes a 64 KiB message a byte a record: a
+// ClientHello of the largest size in full records passes, the same
+// message in records of a byte is refused once the bound is reached.
+func TestClientHelloBound(t *testing.T) {
+	msg := sized(maxHandshake)
+	var c memConn
+	full := fragment(msg, maxPlaintext, maxPlaintext, maxPlaintext, maxPlaintext)
+	if sni, raw, ok := peekSNI(c.reset(full, 0), nil); !ok || sni != "example.com" || len(raw) != len(full) {
+		t.Errorf("64 KiB ClientHello in 16 KiB records: (%q, %d bytes, %v)", sni, len(raw), ok)
+	}
+	var tiny []byte
+	for _, b := range msg {
+		tiny = append(tiny, record(recordTypeHandshake, []byte{b})...)
+	}
+	if _, _, ok := peekClientHelloTLS(c.reset(tiny, 0), nil); !ok {
+		t.Fatal("crypto/tls refuses the ClientHello in records of a byte: the bound is not past its rules")
+	}
+	if _, raw, ok := peekSNI(c.reset(tiny, 0), nil); ok || len(raw) > maxHelloBytes || c.taken > maxHelloBytes {
+		t.Errorf("ClientHello in records of a byte: ok %v, %d bytes kept, %d taken; want refused within %d", ok, len(raw), c.taken, maxHelloBytes)
+	}
 }

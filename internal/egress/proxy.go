@@ -272,7 +272,7 @@ func (g *Gateway) tunnel(conn net.Conn, release func(), pre []byte, t *target, r
 		g.intercept(conn, pre, t, rec, start)
 		return
 	}
-	up, sent, ok := g.openTunnel(conn, pre, t, rec, start)
+	up, sent, got, ok := g.openTunnel(conn, pre, t, rec, start)
 	if !ok {
 		conn.Close()
 		release()
@@ -284,7 +284,7 @@ func (g *Gateway) tunnel(conn net.Conn, release func(), pre []byte, t *target, r
 		defer up.Close()
 		lt, untrack := g.track(t, conn)
 		defer untrack()
-		g.relay(conn, up, t, rec, start, sent, lt)
+		g.relay(conn, up, t, rec, start, sent, got, lt)
 	}()
 }
 

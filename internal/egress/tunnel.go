@@ -36,10 +36,12 @@ func peekClientHello(conn net.Conn, pre []byte) (hello peekedHello, raw []byte, 
 // CONNECT host (a tunnel carries TLS to the host the policy allowed,
 // nothing else: no plain bytes, no fronting), replays the ClientHello and
 // writes the open record. No byte goes upstream before the SNI check
-// passes; a refused tunnel closes the upstream connection unused. sent is
-// the ClientHello's length; when ok is false the refusal has been audited
-// and nothing is left open but conn.
-func (g *Gateway) openTunnel(conn net.Conn, pre []byte, t *target, rec audit.Record, start time.Time) (up net.Conn, sent int64, ok bool) {
+// passes; a refused tunnel closes the upstream connection unused. Then it
+// passes the server's first handshake message to the agent, and if that
+// is a HelloRetryRequest, judges the second ClientHello as the first
+// before it goes up. sent and got are the bytes moved each way; when ok
+// is false the refusal has been audited and nothing is left open but conn.
+func (g *Gateway) openTunnel(conn net.Conn, pre []byte, t *target, rec audit.Record, start time.Time) (up net.Conn, sent, got int64, ok bool) {
 	refuse := func(rule, reason string, out int64) {
 		if up != nil {
 			up.Close()
@@ -52,56 +54,111 @@ func (g *Gateway) openTunnel(conn net.Conn, pre []byte, t *target, rec audit.Rec
 	up, err := g.dial(context.Background(), t.st, t.dst)
 	if err != nil {
 		refuse("dial", "dial upstream: "+err.Error(), 0)
-		return nil, 0, false
+		return nil, 0, 0, false
 	}
 	peeked, hello, isTLS := peekClientHello(conn, pre)
 	sni := peeked.sni
+	if rule, reason := helloRefusal(peeked, isTLS, t.host); rule != "" {
+		refuse(rule, reason, int64(len(hello)))
+		return nil, 0, 0, false
+	}
 	switch {
-	case !isTLS:
-		refuse("not-tls", "tunnel payload is not a TLS ClientHello; tunnels carry TLS only", int64(len(hello)))
-		return nil, 0, false
-	case sni == "":
-		refuse("sni-missing", "TLS ClientHello without SNI; the server name must match the CONNECT host", int64(len(hello)))
-		return nil, 0, false
-	case peeked.ech:
-		// The SNI seen is the outer one; a server with the ECH key serves
-		// the inner name instead, whatever the outer says (fronting by
-		// design). Stripping ech from DNS answers (docs/egress.md) does
-		// not stop an agent that brings its own ECHConfigList.
-		refuse("ech", fmt.Sprintf("TLS ClientHello offers Encrypted ClientHello (outer SNI %q): the server may act on an encrypted inner server name the gateway cannot check against the CONNECT host; turn ECH off in the client (curl --ech false, Chrome --disable-features=EncryptedClientHello)", sni), int64(len(hello)))
-		return nil, 0, false
-	case !asciiHostName(sni):
-		// Normalize lowercases Unicode: U+212A KELVIN SIGN becomes "k",
-		// so "\u212aiosk.example.com" would pass for kiosk.example.com
-		// while the server, matching names bytewise or by ASCII case,
-		// serves another (its default) name.
-		refuse("sni-mismatch", fmt.Sprintf("TLS SNI %q is not an ASCII host name (RFC 6066: internationalized names are sent as xn-- A-labels), so it cannot name CONNECT host %q", sni, t.host), int64(len(hello)))
-		return nil, 0, false
 	case t.literal:
 		rule, reason, ok := g.decideBenchSNI(t, policy.Normalize(sni))
 		if !ok {
 			refuse(rule, reason, int64(len(hello)))
-			return nil, 0, false
+			return nil, 0, 0, false
 		}
 		t.rule, rec.Rule = rule, rule
 	case policy.Normalize(sni) != t.host:
 		refuse("sni-mismatch", fmt.Sprintf("TLS SNI %q does not match CONNECT host %q (domain fronting)", sni, t.host), int64(len(hello)))
-		return nil, 0, false
+		return nil, 0, 0, false
 	}
-	if _, err := up.Write(hello); err != nil {
+	// Only the ClientHello's records go up now; what the agent sent past
+	// them waits for the server's answer.
+	rest := hello[peeked.records:]
+	if _, err := up.Write(hello[:peeked.records]); err != nil {
 		refuse("dial", "write upstream: "+err.Error(), 0)
-		return nil, 0, false
+		return nil, 0, 0, false
 	}
+	sent = int64(peeked.records)
+	// A HelloRetryRequest makes the client send a second ClientHello in
+	// the clear, and OpenSSL (so nginx, HAProxy, ...) acts on its server
+	// name even when it differs from the first one's (crypto/tls refuses
+	// the change): it is judged as the first was, and must name the same
+	// host.
+	back, retry := peekServerHello(up)
+	if _, err := conn.Write(back); err != nil {
+		refuse("dial", "write to agent: "+err.Error(), sent)
+		return nil, 0, 0, false
+	}
+	got = int64(len(back))
+	if retry {
+		peeked2, hello2, isTLS2 := peekRetryHello(conn, rest)
+		rule, reason := helloRefusal(peeked2, isTLS2, t.host)
+		if rule == "" && policy.Normalize(peeked2.sni) != policy.Normalize(sni) {
+			rule, reason = "sni-mismatch", fmt.Sprintf("second TLS ClientHello (after the server's HelloRetryRequest) names %q, the first %q: the server name must not change (domain fronting)", peeked2.sni, sni)
+		}
+		if rule != "" {
+			refuse(rule, "after HelloRetryRequest: "+reason, sent)
+			return nil, 0, 0, false
+		}
+		rest = hello2
+	}
+	if _, err := up.Write(rest); err != nil {
+		refuse("dial", "write upstream: "+err.Error(), sent)
+		return nil, 0, 0, false
+	}
+	sent += int64(len(rest))
 	// From here the tunnel carries bytes: the open record is written
 	// first, so a gateway killed mid-tunnel still leaves it.
 	g.logOpen(rec, t, "tunnel to "+t.host+" opened", start)
-	return up, int64(len(hello)), true
+	return up, sent, got, true
+}
+
+// helloRefusal is the rule and reason refusing a ClientHello whatever
+// the CONNECT host (host names it in the reason), or "".
+func helloRefusal(p peekedHello, isTLS bool, host string) (rule, reason string) {
+	switch {
+	case !isTLS:
+		return "not-tls", "tunnel payload is not a TLS ClientHello; tunnels carry TLS only"
+	case p.sni == "":
+		return "sni-missing", "TLS ClientHello without SNI; the server name must match the CONNECT host"
+	case p.ech:
+		// The SNI seen is the outer one; a server with the ECH key serves
+		// the inner name instead, whatever the outer says (fronting by
+		// design). Stripping ech from DNS answers (docs/egress.md) does
+		// not stop an agent that brings its own ECHConfigList.
+		return "ech", fmt.Sprintf("TLS ClientHello offers Encrypted ClientHello (outer SNI %q): the server may act on an encrypted inner server name the gateway cannot check against the CONNECT host; turn ECH off in the client (curl --ech false, Chrome --disable-features=EncryptedClientHello)", p.sni)
+	case !asciiHostName(p.sni):
+		// Normalize lowercases Unicode: U+212A KELVIN SIGN becomes "k",
+		// so "\u212aiosk.example.com" would pass for kiosk.example.com
+		// while the server, matching names bytewise or by ASCII case,
+		// serves another (its default) name.
+		return "sni-mismatch", fmt.Sprintf("TLS SNI %q is not an ASCII host name (RFC 6066: internationalized names are sent as xn-- A-labels), so it cannot name CONNECT host %q", p.sni, host)
+	}
+	return "", ""
+}
+
+// peekRetryHello is peekClientHello for the second ClientHello.
+func peekRetryHello(conn net.Conn, pre []byte) (hello peekedHello, raw []byte, ok bool) {
+	_ = conn.SetReadDeadline(time.Now().Add(handshakeTimeout))
+	defer conn.SetReadDeadline(time.Time{})
+	return readRetryHello(conn, pre)
+}
+
+// peekServerHello reads the upstream's first handshake message (within
+// the handshake timeout) and reports whether it is a HelloRetryRequest.
+func peekServerHello(up net.Conn) (raw []byte, retry bool) {
+	_ = up.SetReadDeadline(time.Now().Add(handshakeTimeout))
+	defer up.SetReadDeadline(time.Time{})
+	return readServerHello(up)
 }
 
 // relay is the second stage: it copies both ways until the tunnel ends and
 // writes the close record with bytes and duration. It keeps no buffer of
 // its own (the ClientHello is not referenced past openTunnel).
-func (g *Gateway) relay(conn, up net.Conn, t *target, rec audit.Record, start time.Time, sent int64, lt *liveTunnel) {
+func (g *Gateway) relay(conn, up net.Conn, t *target, rec audit.Record, start time.Time, sent, got int64, lt *liveTunnel) {
 	lt.relaying(up)
 	out, in, err := splice(conn, up, t.st.idle)
 	reason := "tunnel to " + t.host + " closed"
@@ -112,7 +169,7 @@ func (g *Gateway) relay(conn, up net.Conn, t *target, rec audit.Record, start ti
 		reason = "tunnel to " + t.host + " closed: " + why
 	}
 	rec.Event, rec.Decision, rec.Rule, rec.Reason = audit.EventClose, audit.Allowed, t.rule, withNote(rec.Reason, reason)
-	rec.BytesOut, rec.BytesIn = out+sent, in
+	rec.BytesOut, rec.BytesIn = out+sent, in+got
 	rec.DurationMS = time.Since(start).Milliseconds()
 	g.logAudit(rec)
 }
