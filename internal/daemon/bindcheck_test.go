@@ -60,8 +60,15 @@ func child(t *testing.T, args ...string) (*exec.Cmd, *pinnedProcess) {
 func waitExited(t *testing.T, p *pinnedProcess) {
 	t.Helper()
 	fds := []sysunix.PollFd{{Fd: int32(p.fd), Events: sysunix.POLLIN}}
-	if n, err := sysunix.Poll(fds, 10000); err != nil || n != 1 {
-		t.Fatalf("process %d did not exit: %d %v", p.pid, n, err)
+	for {
+		n, err := sysunix.Poll(fds, 10000)
+		if err == sysunix.EINTR {
+			continue // a signal to the test process (the Go runtime's preemption): poll again
+		}
+		if err != nil || n != 1 {
+			t.Fatalf("process %d did not exit: %d %v", p.pid, n, err)
+		}
+		return
 	}
 }
 
