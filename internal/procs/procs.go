@@ -134,7 +134,3 @@ func (g *Governor) lower() bool {
 	g.set(1, "no overlap for "+g.hold.String())
 	return true
 }
-
-// High is the GOMAXPROCS the governor raises to (the runtime's default
-// when New ran).
-func (g *Governor) High() int { return g.high }
